@@ -1,0 +1,50 @@
+# The README's two commands: `make demo` (the main job) and `make test` (the suite).
+# Each sets itself up on a fresh machine: a virtual environment in .venv, the
+# pinned CPU build of torch first (an unpinned torch pulls a multi-GB CUDA
+# build), then this project in editable mode, which compiles the Cython code.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fleetfeed-installed
+SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx generators/*.pyx)
+
+.PHONY: all install build demo test bench bench-paddle clean
+
+all: test
+
+$(STAMP): $(SOURCES)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet "setuptools>=68" "Cython>=3.0" wheel
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Rebuild the extensions in place after editing a .pyx.
+build: $(STAMP)
+	$(PY) setup.py --quiet build_ext --inplace
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# Benchmarks are not tests: they print figures and write benchmarks/RESULTS.md.
+# Paddle runs in its own virtual environment (it pins its own numpy/protobuf).
+PADDLE_VENV ?= .venv-paddle
+$(PADDLE_VENV)/.installed:
+	$(PYTHON) -m venv $(PADDLE_VENV)
+	$(PADDLE_VENV)/bin/pip install --quiet paddlepaddle==3.3.1
+	touch $@
+
+bench-paddle: $(PADDLE_VENV)/.installed
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_engine.py --paddle-python $(if $(wildcard $(PADDLE_VENV)/bin/python),$(PADDLE_VENV)/bin/python,none)
+
+clean:
+	rm -rf build *.egg-info datafeed/_*.c generators/_*.c datafeed/*.so generators/*.so

@@ -1,0 +1,96 @@
+"""Exceptions raised by the datafeed engine.
+
+Each class is also a builtin exception (``ValueError``, ``RuntimeError``) so that
+code written against Paddle's exceptions keeps catching them. Every message says
+what was expected, what was found, and where.
+"""
+
+from __future__ import annotations
+
+
+class DatafeedError(Exception):
+    """Base class of every error raised by ``datafeed``."""
+
+
+class SchemaError(DatafeedError, ValueError):
+    """A slot declaration (``use_var``) or a setting is invalid."""
+
+
+class ParseError(DatafeedError, ValueError):
+    """A line of MultiSlot text does not match the slot schema.
+
+    Attributes:
+        source: where the text came from (the input file, and the command that
+            produced the text when there is one).
+        line: 1-based number of the offending line in that text.
+        slot: name of the slot being parsed, or ``None`` when the error is not
+            tied to one slot (a blank line, tokens after the last slot).
+        token: the offending token as bytes (possibly truncated), or ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str,
+        line: int,
+        slot: str | None,
+        token: bytes | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.source = source
+        self.line = line
+        self.slot = slot
+        self.token = token
+
+    def __reduce__(self):  # keep the attributes across pickling (worker processes)
+        return (
+            _rebuild_parse_error,
+            (str(self), self.source, self.line, self.slot, self.token),
+        )
+
+
+def _rebuild_parse_error(message, source, line, slot, token):
+    return ParseError(message, source=source, line=line, slot=slot, token=token)
+
+
+class ReaderError(DatafeedError, RuntimeError):
+    """A pipe command failed (non-zero exit status, or killed by a signal).
+
+    Attributes:
+        command: the pipe command as the user gave it.
+        path: the input file the command was reading.
+        returncode: the exit status; negative for a signal (as in ``subprocess``).
+        stderr_tail: the last lines the command wrote to its standard error.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: str,
+        path: str,
+        returncode: int | None,
+        stderr_tail: str,
+    ) -> None:
+        super().__init__(message)
+        self.command = command
+        self.path = path
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+
+    def __reduce__(self):
+        return (
+            _rebuild_reader_error,
+            (str(self), self.command, self.path, self.returncode, self.stderr_tail),
+        )
+
+
+def _rebuild_reader_error(message, command, path, returncode, stderr_tail):
+    return ReaderError(
+        message,
+        command=command,
+        path=path,
+        returncode=returncode,
+        stderr_tail=stderr_tail,
+    )

@@ -1,0 +1,38 @@
+"""Declares the Cython extensions; all metadata lives in pyproject.toml."""
+
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+# FLEETFEED_CYTHON_DEBUG=1 turns bounds checks and line tracing back on.
+DEBUG = os.environ.get("FLEETFEED_CYTHON_DEBUG") == "1"
+
+DIRECTIVES = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "embedsignature": True,
+    "linetrace": DEBUG,
+}
+MACROS = [("CYTHON_TRACE_NOGIL", "1")] if DEBUG else []
+COMPILE_ARGS = ["-O0", "-g"] if DEBUG else ["-O3"]
+
+EXTENSIONS = [
+    Extension(
+        "datafeed._parse",
+        ["datafeed/_parse.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+    Extension(
+        "generators._format",
+        ["generators/_format.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+]
+
+setup(ext_modules=cythonize(EXTENSIONS, compiler_directives=DIRECTIVES))

@@ -1,0 +1,1 @@
+"""trainer: fleet API, parameter server, collective backend (see issue 3)."""
