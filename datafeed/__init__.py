@@ -1,0 +1,30 @@
+"""datafeed: the engine behind fleetfeed's datasets.
+
+Pipe commands turn input files into MultiSlot text; a Cython parser turns the
+text into column chunks; ``InMemoryDataset`` keeps them in memory and shuffles
+them, ``QueueDataset`` streams them; both hand out ``Batch`` objects of torch
+tensors. ``import datafeed`` does not import torch (the batch stage does, on use).
+"""
+
+from .batch import Batch, Ragged
+from .dataset import DatasetBase, DatasetFactory, InMemoryDataset, QueueDataset
+from .errors import DatafeedError, ParseError, ReaderError, SchemaError
+from .readers import FileStats, LoadStats
+from .slots import Slot, SlotSchema
+
+__all__ = [
+    "Batch",
+    "DatafeedError",
+    "DatasetBase",
+    "DatasetFactory",
+    "FileStats",
+    "InMemoryDataset",
+    "LoadStats",
+    "ParseError",
+    "QueueDataset",
+    "Ragged",
+    "ReaderError",
+    "SchemaError",
+    "Slot",
+    "SlotSchema",
+]

@@ -1,0 +1,190 @@
+"""Batches: consecutive records of the store as torch tensors.
+
+A dense slot becomes a tensor of shape ``[size, *shape]``; a sparse slot becomes a
+``Ragged(values, offsets)``. Values are views of the store's arrays (no copy)
+whenever a batch lies inside one chunk: treat them as read-only, and ``clone()``
+a tensor before modifying it in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from .columns import RecordChunk, SlotColumn
+from .slots import SlotSchema
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Ragged:
+    """Variable-length values per record (a sparse slot of one batch).
+
+    Record ``i`` holds ``values[offsets[i]:offsets[i + 1]]``. ``offsets`` is an
+    int64 tensor of length ``size + 1`` starting at 0, so
+    ``nn.EmbeddingBag(...)(r.values, r.offsets[:-1])`` works directly. uint64 slot
+    values arrive as int64 tensors holding the same bits (as in Paddle).
+    """
+
+    __slots__ = ("values", "offsets")
+
+    def __init__(self, values: torch.Tensor, offsets: torch.Tensor) -> None:
+        self.values = values
+        self.offsets = offsets
+
+    @property
+    def size(self) -> int:
+        """Number of records."""
+        return self.offsets.shape[0] - 1
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Values per record, int64 of length ``size``."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        """The values of record ``index``."""
+        if not -self.size <= index < self.size:
+            raise IndexError(f"record index {index} out of range for {self.size} records")
+        index %= self.size
+        return self.values[self.offsets[index] : self.offsets[index + 1]]
+
+    def tolist(self) -> list[list]:
+        """The values as one Python list per record."""
+        offsets = self.offsets.tolist()
+        values = self.values.tolist()
+        return [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+    def __repr__(self) -> str:
+        return (
+            f"Ragged(size={self.size}, values={self.values.shape[0]}, "
+            f"dtype={self.values.dtype})"
+        )
+
+
+SlotTensor = Union["torch.Tensor", Ragged]
+
+
+class Batch(Mapping[str, SlotTensor]):
+    """One batch: slot name -> tensor (dense slot) or ``Ragged`` (sparse slot).
+
+    ``len(batch)`` is the number of slots; ``batch.size`` the number of records.
+    """
+
+    __slots__ = ("_slots", "size")
+
+    def __init__(self, slots: dict[str, SlotTensor], size: int) -> None:
+        self._slots = slots
+        self.size = size
+
+    def __getitem__(self, name: str) -> SlotTensor:
+        try:
+            return self._slots[name]
+        except KeyError:
+            raise KeyError(
+                f"batch has no slot {name!r}; its slots are {', '.join(self._slots)}"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __repr__(self) -> str:
+        return f"Batch(size={self.size}, slots=[{', '.join(self._slots)}])"
+
+
+def _as_signed(values: np.ndarray) -> np.ndarray:
+    # torch has no uint64 arithmetic worth using; Paddle delivers the same bits as int64.
+    return values.view(np.int64) if values.dtype == np.uint64 else values
+
+
+class BatchBuilder:
+    """Turns row ranges of record chunks into ``Batch`` objects for one schema."""
+
+    def __init__(self, schema: SlotSchema) -> None:
+        import torch  # here, not at module level: `import datafeed` stays torch-free
+
+        self._torch = torch
+        self._schema = schema
+        self._offsets_cache: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _uniform_offsets(self, size: int, width: int) -> "torch.Tensor":
+        # A fresh arange per slot per batch costs more than the values view itself;
+        # these are shared, so callers must not modify offsets in place.
+        key = (size, width)
+        offsets = self._offsets_cache.get(key)
+        if offsets is None:
+            if len(self._offsets_cache) > 64:
+                self._offsets_cache.clear()
+            offsets = self._torch.arange(0, (size + 1) * width, width, dtype=self._torch.int64)
+            self._offsets_cache[key] = offsets
+        return offsets
+
+    def from_chunk(self, chunk: RecordChunk, start: int, stop: int) -> Batch:
+        """Records ``start:stop`` of one chunk, as views where the layout allows."""
+        size = stop - start
+        from_numpy = self._torch.from_numpy
+        slots: dict[str, SlotTensor] = {}
+        for slot, column in zip(self._schema, chunk.columns):
+            if column.offsets is None:
+                w = column.width
+                values = from_numpy(_as_signed(column.values[start * w : stop * w]))
+                if slot.is_dense:
+                    slots[slot.name] = values.view(size, *slot.shape)
+                else:
+                    slots[slot.name] = Ragged(values, self._uniform_offsets(size, w))
+            else:
+                off = column.offsets
+                lo, hi = int(off[start]), int(off[stop])
+                offsets = np.subtract(off[start : stop + 1], lo, dtype=np.int64)
+                values = from_numpy(_as_signed(column.values[lo:hi]))
+                slots[slot.name] = Ragged(values, from_numpy(offsets))
+        return Batch(slots, size)
+
+    def from_pieces(self, pieces: list[tuple[RecordChunk, int, int]]) -> Batch:
+        """A batch that spans several chunks: the pieces are copied together."""
+        if len(pieces) == 1:
+            return self.from_chunk(*pieces[0])
+        return self.from_chunk(concat_rows(pieces), 0, sum(b - a for _, a, b in pieces))
+
+
+def slice_column(column: SlotColumn, start: int, stop: int) -> SlotColumn:
+    """Records ``start:stop`` of a column (a view; offsets rebased when present)."""
+    if column.offsets is None:
+        w = column.width
+        return SlotColumn(column.values[start * w : stop * w], None, w)
+    off = column.offsets
+    lo, hi = int(off[start]), int(off[stop])
+    return SlotColumn(column.values[lo:hi], off[start : stop + 1] - off[start], 0)
+
+
+def concat_columns(columns: list[SlotColumn]) -> SlotColumn:
+    """Concatenates columns of one slot; keeps the offset-free layout when possible."""
+    values = np.concatenate([c.values for c in columns]) if len(columns) > 1 else columns[0].values
+    widths = {c.width for c in columns}
+    if len(widths) == 1 and columns[0].offsets is None:
+        return SlotColumn(values, None, columns[0].width)
+    total_values = len(values)
+    offsets_dtype = np.int32 if total_values < 2**31 else np.int64
+    lengths = np.concatenate([c.lengths() for c in columns])
+    offsets = np.zeros(len(lengths) + 1, dtype=offsets_dtype)
+    np.cumsum(lengths, out=offsets[1:])
+    return SlotColumn(values, offsets, 0)
+
+
+def concat_rows(pieces: list[tuple[RecordChunk, int, int]]) -> RecordChunk:
+    """Row ranges of several chunks as one new chunk."""
+    num_slots = len(pieces[0][0].columns)
+    columns = tuple(
+        concat_columns([slice_column(chunk.columns[i], a, b) for chunk, a, b in pieces])
+        for i in range(num_slots)
+    )
+    return RecordChunk(columns, sum(b - a for _, a, b in pieces))

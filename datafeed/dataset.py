@@ -1,0 +1,443 @@
+"""The user-facing datasets: ``InMemoryDataset``, ``QueueDataset``, ``DatasetFactory``.
+
+They keep Paddle's method names and meanings (see DESIGN.md for where fleetfeed
+differs on purpose: errors instead of silent loss, seeded shuffles, strict settings).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from . import shuffle
+from .batch import Batch, BatchBuilder, concat_rows
+from .columns import RecordChunk
+from .errors import SchemaError
+from .progress import LoadProgress, progress_enabled
+from .readers import LoadStats, ReaderPool
+from .settings import FLEETFEED_SETTINGS, INMEMORY_SETTINGS, PADDLE_SETTINGS, Settings
+from .slots import SlotSchema
+from .store import RecordStore
+
+logger = logging.getLogger("datafeed")
+
+
+class DatasetBase:
+    """Settings, file list and load accounting shared by both dataset kinds."""
+
+    _extra_settings: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        self._settings = Settings({**PADDLE_SETTINGS, **FLEETFEED_SETTINGS, **self._extra_settings})
+        self._filelist: list[str] = []
+        self._stats = LoadStats()
+
+    # -- configuration ---------------------------------------------------------------
+
+    def init(
+        self,
+        batch_size: int = 1,
+        thread_num: int = 1,
+        use_var: Iterable[Any] = (),
+        pipe_command: str = "cat",
+        input_type: int = 0,
+        fs_name: str = "",
+        fs_ugi: str = "",
+        download_cmd: str = "cat",
+        **settings: Any,
+    ) -> None:
+        """Sets every setting; those not given take their defaults.
+
+        Args:
+            batch_size: records per batch.
+            thread_num: files read (and pipe commands run) at once.
+            use_var: the slots, in the order of the MultiSlot text: ``datafeed.Slot``
+                objects or Paddle-style variables.
+            pipe_command: shell command run per file, the file on its stdin; its
+                stdout is MultiSlot text.
+            input_type: 0 (one record per line), the only supported value.
+            fs_name, fs_ugi, download_cmd: Paddle's remote-file settings.
+            **settings: fleetfeed's settings: ``drop_last=False``, ``seed=None``,
+                ``on_bad_line="raise"|"skip"``, ``progress=None`` (a bar on a
+                terminal), ``max_line_bytes``; and, on InMemoryDataset, Paddle's
+                distributed settings (``fleet_send_batch_size``, ...).
+
+        Raises:
+            TypeError: an unknown setting.
+            SchemaError: a setting with a bad value.
+        """
+        values = dict(
+            batch_size=batch_size,
+            thread_num=thread_num,
+            use_var=use_var,
+            pipe_command=pipe_command,
+            input_type=input_type,
+            fs_name=fs_name,
+            fs_ugi=fs_ugi,
+            download_cmd=download_cmd,
+        )
+        defaults = {**FLEETFEED_SETTINGS, **self._extra_settings}
+        fresh = Settings({**PADDLE_SETTINGS, **defaults})
+        fresh.apply({**values, **settings}, where="init")
+        self._settings = fresh
+
+    def update_settings(self, **settings: Any) -> None:
+        """Changes the given settings and keeps the others (``use_var`` is replaced)."""
+        self._settings.apply(settings, where="update_settings")
+
+    @property
+    def schema(self) -> SlotSchema:
+        """The slots, from ``use_var``."""
+        return self._settings["use_var"]
+
+    @property
+    def batch_size(self) -> int:
+        return self._settings["batch_size"]
+
+    @property
+    def thread_num(self) -> int:
+        return self._settings["thread_num"]
+
+    # Paddle 1.x / fluid setters, kept so that older scripts run.
+    def set_batch_size(self, batch_size: int) -> None:
+        self.update_settings(batch_size=batch_size)
+
+    def set_thread(self, thread_num: int) -> None:
+        self.update_settings(thread_num=thread_num)
+
+    def set_pipe_command(self, pipe_command: str) -> None:
+        self.update_settings(pipe_command=pipe_command)
+
+    def set_use_var(self, var_list: Iterable[Any]) -> None:
+        self.update_settings(use_var=var_list)
+
+    def set_filelist(self, filelist: Iterable[str]) -> None:
+        """Sets the input files; every one is checked before any work starts.
+
+        Raises:
+            FileNotFoundError: listing every missing path.
+        """
+        if isinstance(filelist, (str, bytes, os.PathLike)):
+            raise TypeError(f"set_filelist() takes a list of paths, got a single path {filelist!r}")
+        paths = [os.fspath(p) for p in filelist]
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} of {len(paths)} input files do not exist: " + ", ".join(missing)
+            )
+        self._filelist = paths
+
+    def get_filelist(self) -> list[str]:
+        return list(self._filelist)
+
+    def stats(self) -> LoadStats:
+        """What the last load (or the last pass of a QueueDataset) saw."""
+        return self._stats
+
+    # -- shared machinery ------------------------------------------------------------
+
+    def _check_ready(self, what: str) -> None:
+        if not len(self.schema):
+            raise SchemaError(f"{what}: no slots declared; call init(use_var=[...]) first")
+        missing = [p for p in self._filelist if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} of {len(self._filelist)} input files no longer exist: "
+                + ", ".join(missing)
+            )
+
+    def _reader_pool(self, thread_num: int | None = None) -> ReaderPool:
+        s = self._settings
+        return ReaderPool(
+            self._filelist,
+            s["pipe_command"],
+            self.schema,
+            threads=thread_num or s["thread_num"],
+            skip_bad_lines=s["on_bad_line"] == "skip",
+            max_line_bytes=s["max_line_bytes"],
+        )
+
+    def _log_load(self, stats: LoadStats) -> None:
+        rate = stats.lines / stats.seconds if stats.seconds else 0.0
+        logger.info(
+            "loaded %d files: %d lines, %d records, %d skipped lines, %.1f MB in %.2f s "
+            "(%.0f lines/s)",
+            stats.files, stats.lines, stats.records, stats.skipped_lines,
+            stats.bytes / 1e6, stats.seconds, rate,
+        )
+        if stats.skipped_lines:
+            logger.warning("skipped %d malformed lines: %s", stats.skipped_lines, stats.skipped_reasons)
+
+
+class InMemoryDataset(DatasetBase):
+    """Loads every file into memory; shuffles; iterates batches for any number of epochs.
+
+    Example:
+        >>> ds = InMemoryDataset()
+        >>> ds.init(batch_size=512, thread_num=2, use_var=slots, pipe_command="python reader.py")
+        >>> ds.set_filelist(files)
+        >>> ds.load_into_memory()
+        >>> ds.local_shuffle(seed=7)
+        >>> for batch in ds: ...
+    """
+
+    _extra_settings = INMEMORY_SETTINGS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._store: RecordStore | None = None
+        self._preload: tuple[threading.Thread, dict[str, Any]] | None = None
+        self._shuffles = 0
+        self.last_shuffle_seed: int | None = None
+
+    # -- loading -----------------------------------------------------------------------
+
+    def load_into_memory(self, is_shuffle: bool = False) -> None:
+        """Runs the pipe command on every file and keeps the records in memory.
+
+        Records are appended to those already loaded. A failed load (a
+        ``ReaderError`` or ``ParseError``) leaves the dataset as it was.
+
+        Args:
+            is_shuffle: accepted for Paddle compatibility; shuffle with
+                ``local_shuffle`` / ``global_shuffle``.
+        """
+        self._check_no_preload("load_into_memory")
+        self._load(self._settings["thread_num"])
+
+    def preload_into_memory(self, thread_num: int | None = None) -> None:
+        """Starts loading in the background; ``wait_preload_done()`` finishes it."""
+        self._check_no_preload("preload_into_memory")
+        self._check_ready("preload_into_memory")
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                self._load(thread_num or self._settings["thread_num"], show_progress=False)
+            except BaseException as error:  # noqa: BLE001 - re-raised in wait_preload_done
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run, name="datafeed-preload", daemon=True)
+        self._preload = (thread, outcome)
+        thread.start()
+
+    def wait_preload_done(self) -> None:
+        """Waits for ``preload_into_memory``; raises the error the load hit, if any."""
+        if self._preload is None:
+            raise RuntimeError("wait_preload_done() called without preload_into_memory()")
+        thread, outcome = self._preload
+        thread.join()
+        self._preload = None
+        if "error" in outcome:
+            raise outcome["error"]
+
+    def _check_no_preload(self, what: str) -> None:
+        if self._preload is not None:
+            raise RuntimeError(f"{what}() called while a preload runs; call wait_preload_done() first")
+
+    def _load(self, thread_num: int, show_progress: bool = True) -> None:
+        self._check_ready("load_into_memory")
+        pool = self._reader_pool(thread_num)
+        per_file: list[list[RecordChunk]] = [[] for _ in self._filelist]
+
+        def keep(file_index: int, chunk: RecordChunk) -> None:
+            per_file[file_index].append(chunk)  # one thread per file: no lock needed
+
+        progress = LoadProgress(
+            len(self._filelist),
+            show_progress and progress_enabled(self._settings["progress"]),
+        )
+        try:
+            stats = pool.run(keep, on_progress=progress.update)
+        finally:
+            progress.close()
+        # Commit only now: a failed load above leaves the dataset unchanged.
+        store = self._store or RecordStore(self.schema)
+        if store.schema != self.schema:
+            raise SchemaError(
+                f"load_into_memory: use_var changed since the last load "
+                f"({store.schema!r} -> {self.schema!r}); call release_memory() first"
+            )
+        store.extend([chunk for chunks in per_file for chunk in chunks])
+        self._store = store
+        self._stats = stats
+        self._log_load(stats)
+
+    # -- shuffling ---------------------------------------------------------------------
+
+    def local_shuffle(self, seed: int | None = None) -> None:
+        """Shuffles the records in memory.
+
+        Args:
+            seed: the shuffle's seed; the same seed on the same records gives the
+                same order. Without one, each call shuffles anew with a seed derived
+                from the ``seed`` setting (or drawn from the OS when that is None);
+                the seed used is logged and kept in ``last_shuffle_seed``.
+        """
+        store = self._require_store("local_shuffle")
+        if seed is None:
+            base = self._settings["seed"]
+            seed = shuffle.fresh_seed() if base is None else shuffle.derive_seed(base, self._shuffles)
+        self._shuffles += 1
+        self._store = shuffle.local_shuffle(store, seed, threads=self._settings["thread_num"])
+        self.last_shuffle_seed = seed
+        logger.info("local_shuffle of %d records with seed %d", store.rows, seed)
+
+    def global_shuffle(self, fleet: Any = None, thread_num: int = 12, seed: int | None = None) -> None:
+        """Shuffles records across workers; without a distributed fleet, a local shuffle."""
+        if fleet is not None and _worker_num(fleet) > 1:
+            raise NotImplementedError(
+                "global_shuffle across several workers is not available yet; "
+                "run one worker or use local_shuffle"
+            )
+        self.local_shuffle(seed=seed)
+
+    # -- inspection --------------------------------------------------------------------
+
+    def release_memory(self) -> None:
+        """Drops the records and gives their memory back."""
+        self._store = None
+
+    def get_memory_data_size(self, fleet: Any = None) -> int:
+        """Records in memory (with a fleet of several workers: over all of them)."""
+        local = self._store.rows if self._store is not None else 0
+        if fleet is not None and _worker_num(fleet) > 1:
+            raise NotImplementedError("get_memory_data_size across several workers is not available yet")
+        return local
+
+    def get_shuffle_data_size(self, fleet: Any = None) -> int:
+        """Records in memory after a shuffle (Paddle's name for the same count)."""
+        return self.get_memory_data_size(fleet)
+
+    def to_arrow(self) -> pa.Table:
+        """The records in memory, in their current order, as a ``pyarrow.Table``."""
+        return self._require_store("to_arrow").to_arrow()
+
+    def _require_store(self, what: str) -> RecordStore:
+        if self._store is None:
+            raise RuntimeError(f"{what}(): no records in memory; call load_into_memory() first")
+        return self._store
+
+    # -- iteration ---------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        """One pass over the records in memory, ``batch_size`` records per batch."""
+        store = self._require_store("iterating the dataset")
+        builder = BatchBuilder(self.schema)
+        for pieces in store.batch_pieces(self.batch_size, self._settings["drop_last"]):
+            yield builder.from_pieces(pieces)
+
+    def __len__(self) -> int:
+        """Batches per pass."""
+        rows = self._store.rows if self._store is not None else 0
+        full, rest = divmod(rows, self.batch_size)
+        return full + (1 if rest and not self._settings["drop_last"] else 0)
+
+
+class QueueDataset(DatasetBase):
+    """Streams the files batch by batch with bounded memory; no shuffling.
+
+    Each pass over the dataset (``for batch in ds``) runs the pipe commands anew.
+    Records from different files interleave in the order the readers produce them.
+    """
+
+    queue_chunks = 4  # chunks buffered between the readers and the consumer
+
+    def local_shuffle(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "QueueDataset does not support local shuffle, please use InMemoryDataset for local_shuffle"
+        )
+
+    def global_shuffle(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "QueueDataset does not support global shuffle, please use InMemoryDataset for global_shuffle"
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        self._check_ready("iterating the dataset")
+        pool = self._reader_pool()
+        chunks: queue.Queue = queue.Queue(maxsize=max(self.queue_chunks, pool.threads + 1))
+        done = object()
+        outcome: dict[str, Any] = {}
+
+        def sink(_file_index: int, chunk: RecordChunk) -> None:
+            while not pool._stop.is_set():
+                try:
+                    chunks.put(chunk, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        def produce() -> None:
+            try:
+                outcome["stats"] = pool.run(sink)
+            except BaseException as error:  # noqa: BLE001 - re-raised in the consumer
+                outcome["error"] = error
+            while True:  # the consumer may have stopped reading: don't block forever
+                try:
+                    chunks.put(done, timeout=0.1)
+                    return
+                except queue.Full:
+                    if pool._stop.is_set():
+                        return
+
+        producer = threading.Thread(target=produce, name="datafeed-queue", daemon=True)
+        producer.start()
+        builder = BatchBuilder(self.schema)
+        batch_size, drop_last = self.batch_size, self._settings["drop_last"]
+        pending: list[tuple[RecordChunk, int, int]] = []
+        pending_rows = 0
+        try:
+            while True:
+                item = chunks.get()
+                if item is done:
+                    break
+                row = 0
+                while row < item.rows:
+                    take = min(batch_size - pending_rows, item.rows - row)
+                    pending.append((item, row, row + take))
+                    pending_rows += take
+                    row += take
+                    if pending_rows == batch_size:
+                        yield builder.from_pieces(pending)
+                        pending, pending_rows = [], 0
+            if "error" in outcome:
+                raise outcome["error"]
+            if pending_rows and not drop_last:
+                yield builder.from_chunk(concat_rows(pending), 0, pending_rows)
+            self._stats = outcome["stats"]
+            self._log_load(self._stats)
+        finally:
+            pool.stop()
+            while producer.is_alive():
+                try:  # unblock a producer waiting on a full queue
+                    chunks.get_nowait()
+                except queue.Empty:
+                    producer.join(0.05)
+            producer.join()
+
+
+class DatasetFactory:
+    """Paddle's factory: ``DatasetFactory().create_dataset("InMemoryDataset")``."""
+
+    _classes = {"InMemoryDataset": InMemoryDataset, "QueueDataset": QueueDataset}
+
+    def create_dataset(self, datafeed_class: str = "QueueDataset") -> DatasetBase:
+        try:
+            return self._classes[datafeed_class]()
+        except KeyError:
+            raise ValueError(
+                f"datafeed class {datafeed_class!r} does not exist; "
+                f"choose one of {', '.join(sorted(self._classes))}"
+            ) from None
+
+
+def _worker_num(fleet: Any) -> int:
+    worker_num = getattr(fleet, "worker_num", None)
+    return int(worker_num()) if callable(worker_num) else 1

@@ -1,0 +1,411 @@
+"""Pipe readers: run the pipe command on each input file and parse its output.
+
+Each file gets its own ``bash -c "set -o pipefail; <pipe_command>"`` with the
+file on its standard input (``.gz`` files go through ``gzip -dc`` first). The file
+name never reaches a shell: fleetfeed opens the file itself. ``thread_num``
+reader threads work on different files at once; the parser releases the GIL, so
+they parse in parallel.
+
+A command that fails is a ``ReaderError``; the first error stops every other
+reader (their processes are killed) and is re-raised in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import io
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .columns import RecordChunk
+from .errors import ReaderError
+from .parsing import ChunkParser
+from .slots import SlotSchema
+
+logger = logging.getLogger("datafeed")
+
+READ_BUFFER_BYTES = 4 << 20
+PIPE_BUFFER_BYTES = 1 << 20
+DEFAULT_CHUNK_ROWS = 1 << 16
+STDERR_TAIL_LINES = 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+@dataclass
+class FileStats:
+    """What reading one file produced."""
+
+    path: str
+    lines: int = 0
+    records: int = 0
+    skipped_lines: int = 0
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class LoadStats:
+    """What the last load saw: every input line is a record or a counted skip.
+
+    Attributes:
+        files: files read.
+        lines: lines of MultiSlot text (the pipe command's output) read.
+        records: records kept.
+        skipped_lines: lines skipped as malformed (``on_bad_line="skip"``).
+        skipped_reasons: skipped lines per reason.
+        bytes: bytes of MultiSlot text parsed.
+        seconds: wall-clock time of the load.
+        per_file: the same counts for each file, in filelist order.
+    """
+
+    files: int = 0
+    lines: int = 0
+    records: int = 0
+    skipped_lines: int = 0
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    seconds: float = 0.0
+    per_file: list[FileStats] = field(default_factory=list)
+
+    @classmethod
+    def combine(cls, per_file: list[FileStats], seconds: float) -> LoadStats:
+        reasons: dict[str, int] = {}
+        for f in per_file:
+            for reason, count in f.skipped_reasons.items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        return cls(
+            files=len(per_file),
+            lines=sum(f.lines for f in per_file),
+            records=sum(f.records for f in per_file),
+            skipped_lines=sum(f.skipped_lines for f in per_file),
+            skipped_reasons=reasons,
+            bytes=sum(f.bytes for f in per_file),
+            seconds=seconds,
+            per_file=per_file,
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def is_identity_command(command: str) -> bool:
+    """Whether the pipe command passes its input through unchanged (plain ``cat``)."""
+    return command.strip() == "cat"
+
+
+class PipeProcess:
+    """The pipe command running on one input file, its stdout readable by us."""
+
+    def __init__(self, command: str, path: str) -> None:
+        self.command = command
+        self.path = path
+        self._processes: list[subprocess.Popen] = []
+        self._stderr = tempfile.TemporaryFile()
+        self._gunzip_stderr: io.BufferedRandom | None = None
+        self._input = open(path, "rb")  # noqa: SIM115 - closed in close()
+        try:
+            stdin = self._input
+            gunzip = None
+            if path.endswith(".gz"):
+                self._gunzip_stderr = tempfile.TemporaryFile()
+                gunzip = subprocess.Popen(
+                    ["gzip", "-dc"],
+                    stdin=self._input,
+                    stdout=subprocess.PIPE,
+                    stderr=self._gunzip_stderr,
+                    start_new_session=True,
+                )
+                self._processes.append(gunzip)
+                stdin = gunzip.stdout  # type: ignore[assignment]
+            self.process = subprocess.Popen(
+                ["bash", "-c", "set -o pipefail; " + command],
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                start_new_session=True,  # its own process group: kill() reaches children
+            )
+            self._processes.append(self.process)
+            if gunzip is not None:
+                gunzip.stdout.close()  # type: ignore[union-attr]  # the command owns it now
+        except BaseException:
+            self.close()
+            raise
+        self.stdout = self.process.stdout
+        try:  # Larger pipe reads mean fewer parser calls; not fatal if refused.
+            fcntl.fcntl(self.stdout.fileno(), _F_SETPIPE_SZ, PIPE_BUFFER_BYTES)  # type: ignore[union-attr]
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        """Kills the command and everything it started."""
+        for process in self._processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def wait(self) -> None:
+        """Waits for the command; raises ``ReaderError`` if it (or gunzip) failed."""
+        for process in self._processes:
+            process.wait()
+        if self._processes[0] is not self.process:
+            gunzip = self._processes[0]
+            # gunzip killed by SIGPIPE just means the command stopped reading early.
+            if gunzip.returncode not in (0, -signal.SIGPIPE):
+                raise self._error("gzip -dc", gunzip.returncode, self._gunzip_stderr)
+        if self.process.returncode != 0:
+            raise self._error(self.command, self.process.returncode, self._stderr)
+
+    def _error(self, command: str, returncode: int, stderr_file) -> ReaderError:
+        tail = _tail_lines(stderr_file, STDERR_TAIL_LINES)
+        if returncode < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-returncode).name}"
+            except ValueError:
+                how = f"was killed by signal {-returncode}"
+        else:
+            how = f"exited with status {returncode}"
+        message = f"command {command!r} {how} on {self.path}"
+        message += f"; last stderr lines:\n{tail}" if tail else " (no stderr output)"
+        return ReaderError(
+            message, command=command, path=self.path, returncode=returncode, stderr_tail=tail
+        )
+
+    def close(self) -> None:
+        """Kills what still runs, reaps every process, closes every file."""
+        self.kill()
+        for process in self._processes:
+            if process.stdout is not None:
+                process.stdout.close()
+            process.wait()
+        self._input.close()
+        self._stderr.close()
+        if self._gunzip_stderr is not None:
+            self._gunzip_stderr.close()
+
+
+def _tail_lines(file, count: int) -> str:
+    if file is None:
+        return ""
+    file.seek(0, os.SEEK_END)
+    size = file.tell()
+    file.seek(max(0, size - 16384))
+    text = file.read().decode("utf-8", "replace")
+    return "\n".join(text.rstrip("\n").splitlines()[-count:])
+
+
+class _Counters:
+    """Progress shared by the reader threads (read by the progress display)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lines = 0
+        self.bytes = 0
+        self.files_done = 0
+
+    def add(self, lines: int, nbytes: int) -> None:
+        with self.lock:
+            self.lines += lines
+            self.bytes += nbytes
+
+
+ChunkSink = Callable[[int, RecordChunk], None]
+
+
+class ReaderPool:
+    """Reads a list of files with ``threads`` reader threads.
+
+    Args:
+        paths: the input files, in order.
+        command: the pipe command.
+        schema: the slot schema of its output.
+        threads: files read at once.
+        skip_bad_lines: count and skip malformed lines instead of raising.
+        max_line_bytes: longest accepted line.
+        chunk_rows: rows per chunk handed to the sink.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        command: str,
+        schema: SlotSchema,
+        *,
+        threads: int,
+        skip_bad_lines: bool = False,
+        max_line_bytes: int = 64 << 20,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    ) -> None:
+        self.paths = list(paths)
+        self.command = command
+        self.schema = schema
+        self.threads = max(1, min(threads, len(self.paths) or 1))
+        self.skip_bad_lines = skip_bad_lines
+        self.max_line_bytes = max_line_bytes
+        self.chunk_rows = chunk_rows
+        self.counters = _Counters()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._next_file = 0
+        self._active: set[PipeProcess] = set()
+        self._error: BaseException | None = None
+        self._file_stats: list[FileStats | None] = [None] * len(self.paths)
+
+    # -- control -----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stops every reader: running commands are killed, threads exit soon after."""
+        self._stop.set()
+        with self._lock:
+            active = list(self._active)
+        for process in active:
+            process.kill()
+
+    def run(
+        self, sink: ChunkSink, on_progress: Callable[[_Counters], None] | None = None
+    ) -> LoadStats:
+        """Reads every file, handing each chunk to ``sink(file_index, chunk)``.
+
+        Blocks until done. The first error of any reader stops the others and is
+        re-raised here.
+        """
+        started = time.perf_counter()
+        workers = [
+            threading.Thread(target=self._work, args=(sink,), name=f"datafeed-reader-{i}", daemon=True)
+            for i in range(self.threads)
+        ]
+        for worker in workers:
+            worker.start()
+        try:
+            for worker in workers:
+                while worker.is_alive():
+                    worker.join(0.1)
+                    if on_progress is not None:
+                        on_progress(self.counters)
+        except BaseException:  # KeyboardInterrupt included: leave nothing running
+            self.stop()
+            for worker in workers:
+                worker.join()
+            raise
+        if self._error is not None:
+            raise self._error
+        if self._stop.is_set():
+            raise RuntimeError("the load was stopped before it finished")
+        stats = [s for s in self._file_stats if s is not None]
+        return LoadStats.combine(stats, time.perf_counter() - started)
+
+    # -- reader threads ----------------------------------------------------------
+
+    def _work(self, sink: ChunkSink) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                index = self._next_file
+                self._next_file += 1
+            if index >= len(self.paths):
+                return
+            try:
+                self._file_stats[index] = self._read_file(index, sink)
+            except BaseException as error:  # noqa: BLE001 - re-raised in run()
+                with self._lock:
+                    if self._error is None and not self._stop.is_set():
+                        self._error = error
+                self.stop()
+                return
+            with self.counters.lock:
+                self.counters.files_done += 1
+
+    def _read_file(self, index: int, sink: ChunkSink) -> FileStats:
+        path = self.paths[index]
+        started = time.perf_counter()
+        identity = is_identity_command(self.command) and not path.endswith(".gz")
+        source = path if identity else f"{self.command!r} on {path}"
+        parser = ChunkParser(
+            self.schema, source, skip_bad_lines=self.skip_bad_lines, max_line_bytes=self.max_line_bytes
+        )
+        if identity:
+            # `cat` would only copy the file through a pipe: read it directly.
+            with open(path, "rb", buffering=0) as raw:
+                nbytes, tail = self._parse_stream(raw, parser, index, sink)
+                self._finish(parser, tail, index, sink)
+        else:
+            process = PipeProcess(self.command, path)
+            with self._lock:
+                self._active.add(process)
+            try:
+                if self._stop.is_set():  # stop() may have run before we registered
+                    process.kill()
+                raw = io.FileIO(process.stdout.fileno(), closefd=False)  # type: ignore[union-attr]
+                nbytes, tail = self._parse_stream(raw, parser, index, sink)
+                # The command closed its output: its exit status decides whether the
+                # (possibly cut short) last line is data or the trace of a crash.
+                process.wait()
+                self._finish(parser, tail, index, sink)
+            finally:
+                with self._lock:
+                    self._active.discard(process)
+                process.close()
+        return FileStats(
+            path=path,
+            lines=parser.lines,
+            records=parser.records,
+            skipped_lines=parser.skipped_lines,
+            skipped_reasons=dict(parser.skipped_reasons),
+            bytes=nbytes,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _parse_stream(
+        self, raw: io.RawIOBase, parser: ChunkParser, index: int, sink: ChunkSink
+    ) -> tuple[int, bytes]:
+        """Feeds everything ``raw`` yields to the parser.
+
+        Returns the bytes read and the unconsumed tail (a last line without newline).
+        """
+        buffer = bytearray(READ_BUFFER_BYTES)
+        view = memoryview(buffer)
+        start = end = 0
+        total = 0
+        lines_before = 0
+        while not self._stop.is_set():
+            if end == len(buffer):
+                if start > 0:  # move the partial line to the front
+                    view[: end - start] = view[start:end]
+                    end -= start
+                    start = 0
+                else:  # one line fills the buffer: grow it (the parser enforces the limit)
+                    buffer.extend(bytes(len(buffer)))
+                    view.release()
+                    view = memoryview(buffer)
+            n = raw.readinto(view[end:])
+            if not n:
+                break
+            end += n
+            total += n
+            start += parser.feed(view[start:end])
+            if parser.pending_rows >= self.chunk_rows:
+                sink(index, parser.take_chunk())  # type: ignore[arg-type]
+            self.counters.add(parser.lines - lines_before, n)
+            lines_before = parser.lines
+        tail = bytes(view[start:end])
+        view.release()
+        return total, tail
+
+    def _finish(self, parser: ChunkParser, tail: bytes, index: int, sink: ChunkSink) -> None:
+        if self._stop.is_set():
+            return
+        lines_before = parser.lines
+        parser.feed_final(tail)
+        self.counters.add(parser.lines - lines_before, 0)
+        chunk = parser.take_chunk()
+        if chunk is not None:
+            sink(index, chunk)

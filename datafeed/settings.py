@@ -1,0 +1,126 @@
+"""Dataset settings: Paddle's names and defaults, plus fleetfeed's own, validated.
+
+Paddle silently ignores an unknown setting; here it is a ``TypeError`` naming it,
+and a bad value is a ``SchemaError`` that says what was expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import SchemaError
+from .slots import SlotSchema
+
+# Paddle's DatasetBase.init arguments.
+PADDLE_SETTINGS: dict[str, Any] = {
+    "batch_size": 1,
+    "thread_num": 1,
+    "use_var": (),
+    "pipe_command": "cat",
+    "input_type": 0,
+    "fs_name": "",
+    "fs_ugi": "",
+    "download_cmd": "cat",
+}
+# Settings fleetfeed adds.
+FLEETFEED_SETTINGS: dict[str, Any] = {
+    "drop_last": False,
+    "seed": None,
+    "on_bad_line": "raise",
+    "progress": None,
+    "max_line_bytes": 64 << 20,
+}
+# InMemoryDataset's extra settings in Paddle (init / update_settings /
+# _init_distributed_settings), accepted so that Paddle scripts run unchanged.
+INMEMORY_SETTINGS: dict[str, Any] = {
+    "data_feed_type": "MultiSlotInMemoryDataFeed",
+    "queue_num": None,
+    "fleet_send_batch_size": 1024,
+    "fleet_send_sleep_seconds": 0,
+    "merge_size": -1,
+    "parse_ins_id": False,
+    "parse_content": False,
+    "fea_eval": False,
+    "candidate_size": 10000,
+}
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SchemaError(f"the {name!r} setting must be an int >= 1, got {value!r}")
+    return value
+
+
+def _check(name: str, value: Any) -> Any:
+    """Validates one setting; returns the value to store."""
+    if name in ("batch_size", "thread_num", "max_line_bytes", "fleet_send_batch_size", "candidate_size"):
+        return _positive_int(name, value)
+    if name == "use_var":
+        return SlotSchema(value)
+    if name in ("pipe_command", "download_cmd", "fs_name", "fs_ugi", "data_feed_type"):
+        if not isinstance(value, str):
+            raise SchemaError(f"the {name!r} setting must be a str, got {value!r}")
+        if name == "pipe_command" and not value.strip():
+            raise SchemaError("the 'pipe_command' setting must be a shell command, got an empty string")
+        return value
+    if name == "input_type":
+        if value != 0:
+            raise SchemaError(
+                f"the 'input_type' setting must be 0 (one record per line), got {value!r}; "
+                "Paddle's input_type=1 (one batch per line) is not supported"
+            )
+        return value
+    if name == "on_bad_line":
+        if value not in ("raise", "skip"):
+            raise SchemaError(f"the 'on_bad_line' setting must be 'raise' or 'skip', got {value!r}")
+        return value
+    if name == "seed":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SchemaError(f"the 'seed' setting must be None or an int >= 0, got {value!r}")
+        return value
+    if name in ("drop_last", "fea_eval"):
+        if not isinstance(value, bool):
+            raise SchemaError(f"the {name!r} setting must be a bool, got {value!r}")
+        return value
+    if name == "progress":
+        if value is not None and not isinstance(value, bool):
+            raise SchemaError(f"the 'progress' setting must be None, True or False, got {value!r}")
+        return value
+    if name in ("parse_ins_id", "parse_content"):
+        if value:
+            raise SchemaError(
+                f"the {name!r} setting is not supported: MultiSlot lines carry records only"
+            )
+        return False
+    if name == "merge_size":
+        if isinstance(value, int) and value > 0:
+            raise SchemaError(
+                f"the 'merge_size' setting (merge by line id) is not supported, got {value!r}"
+            )
+        return value
+    return value
+
+
+class Settings:
+    """A dataset's settings, by name; ``apply`` validates before changing anything."""
+
+    def __init__(self, defaults: dict[str, Any]) -> None:
+        self._defaults = dict(defaults)
+        self._values = dict(defaults)
+        self._values["use_var"] = SlotSchema(())
+
+    def apply(self, updates: dict[str, Any], *, where: str) -> None:
+        unknown = sorted(set(updates) - set(self._defaults))
+        if unknown:
+            raise TypeError(
+                f"{where}() got unknown setting(s) {', '.join(map(repr, unknown))}; "
+                f"known settings are {', '.join(sorted(self._defaults))}"
+            )
+        checked = {name: _check(name, value) for name, value in updates.items()}
+        self._values.update(checked)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
