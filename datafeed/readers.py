@@ -17,6 +17,7 @@ import fcntl
 import io
 import logging
 import os
+import select
 import signal
 import subprocess
 import tempfile
@@ -35,6 +36,10 @@ logger = logging.getLogger("datafeed")
 READ_BUFFER_BYTES = 4 << 20
 PIPE_BUFFER_BYTES = 1 << 20
 DEFAULT_CHUNK_ROWS = 1 << 16
+# When the pipe stays empty this long, the rows parsed so far are handed on
+# rather than held back for a full chunk (a slow generator must not starve a
+# streaming consumer).
+IDLE_FLUSH_SECONDS = 0.05
 STDERR_TAIL_LINES = 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
@@ -345,7 +350,7 @@ class ReaderPool:
                 if self._stop.is_set():  # stop() may have run before we registered
                     process.kill()
                 raw = io.FileIO(process.stdout.fileno(), closefd=False)  # type: ignore[union-attr]
-                nbytes, tail = self._parse_stream(raw, parser, index, sink)
+                nbytes, tail = self._parse_stream(raw, parser, index, sink, poll_fd=raw.fileno())
                 # The command closed its output: its exit status decides whether the
                 # (possibly cut short) last line is data or the trace of a crash.
                 process.wait()
@@ -365,12 +370,23 @@ class ReaderPool:
         )
 
     def _parse_stream(
-        self, raw: io.RawIOBase, parser: ChunkParser, index: int, sink: ChunkSink
+        self,
+        raw: io.RawIOBase,
+        parser: ChunkParser,
+        index: int,
+        sink: ChunkSink,
+        poll_fd: int | None = None,
     ) -> tuple[int, bytes]:
         """Feeds everything ``raw`` yields to the parser.
 
-        Returns the bytes read and the unconsumed tail (a last line without newline).
+        ``poll_fd`` (a pipe) is polled before each read so that parsed rows are
+        handed on when the command goes quiet. Returns the bytes read and the
+        unconsumed tail (a last line without newline).
         """
+        poller = None
+        if poll_fd is not None:
+            poller = select.poll()
+            poller.register(poll_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         buffer = bytearray(READ_BUFFER_BYTES)
         view = memoryview(buffer)
         start = end = 0
@@ -386,6 +402,8 @@ class ReaderPool:
                     buffer.extend(bytes(len(buffer)))
                     view.release()
                     view = memoryview(buffer)
+            if poller is not None and parser.pending_rows and not poller.poll(IDLE_FLUSH_SECONDS * 1000):
+                sink(index, parser.take_chunk())  # type: ignore[arg-type]
             n = raw.readinto(view[end:])
             if not n:
                 break
