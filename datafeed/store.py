@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
-from .batch import concat_columns
+from . import _shuffle
 from .columns import RecordChunk, SlotColumn
 from .slots import SlotSchema
 
@@ -69,19 +69,23 @@ class RecordStore:
 
     def take(self, permutation: np.ndarray, threads: int = 2) -> RecordStore:
         """A new store whose row ``i`` is this store's row ``permutation[i]``."""
+        if not self.chunks:
+            return RecordStore(self.schema)
+        starts = np.cumsum([0] + [c.rows for c in self.chunks])
+        permutation = np.asarray(permutation, dtype=np.int64)
+        # Where each output row comes from, computed once for every column.
+        chunk_of = np.searchsorted(starts, permutation, side="right").astype(np.int64) - 1
+        row_of = permutation - starts[chunk_of]
         columns: list[SlotColumn | None] = [None] * len(self.schema)
 
         def gather(i: int) -> None:
-            merged = concat_columns([c.columns[i] for c in self.chunks])
-            columns[i] = take_column(merged, permutation)
+            columns[i] = gather_column([c.columns[i] for c in self.chunks], chunk_of, row_of)
 
-        if self.chunks:
-            # numpy's take releases the GIL: columns gather in parallel.
-            with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-                list(pool.map(gather, range(len(self.schema))))
-            chunk = RecordChunk(tuple(columns), len(permutation))  # type: ignore[arg-type]
-            return RecordStore(self.schema, [chunk])
-        return RecordStore(self.schema)
+        # The gather kernels release the GIL: columns gather in parallel.
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            list(pool.map(gather, range(len(self.schema))))
+        chunk = RecordChunk(tuple(columns), len(permutation))  # type: ignore[arg-type]
+        return RecordStore(self.schema, [chunk])
 
     def to_arrow(self) -> pa.Table:
         """The records as a ``pyarrow.Table``; values are shared, not copied."""
@@ -90,22 +94,47 @@ class RecordStore:
         return pa.Table.from_batches(batches, schema=arrow_schema)
 
 
-def take_column(column: SlotColumn, permutation: np.ndarray) -> SlotColumn:
-    """Gathers records of one column in ``permutation`` order."""
+def gather_column(
+    parts: list[SlotColumn], chunk_of: np.ndarray, row_of: np.ndarray
+) -> SlotColumn:
+    """Row ``row_of[i]`` of part ``chunk_of[i]``, for every i, as one new column."""
+    dtype = parts[0].values.dtype
+    widths = {p.width for p in parts}
+    if len(widths) == 1 and all(p.offsets is None for p in parts):
+        width = parts[0].width
+        values = np.empty(len(chunk_of) * width, dtype=dtype)
+        _shuffle.gather_fixed(
+            [p.values.view(np.uint8) for p in parts],
+            width * dtype.itemsize,
+            chunk_of,
+            row_of,
+            values.view(np.uint8),
+        )
+        return SlotColumn(values, None, width)
+    part_offsets = [_offsets64(p) for p in parts]
+    lengths = np.concatenate([np.diff(o) for o in part_offsets])
+    starts = np.cumsum([0] + [p.rows for p in parts])
+    lengths = lengths[starts[chunk_of] + row_of]
+    total = int(lengths.sum())
+    offsets = np.zeros(len(chunk_of) + 1, dtype=np.int32 if total < 2**31 else np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.empty(total, dtype=dtype)
+    _shuffle.gather_ragged(
+        [p.values.view(np.uint8) for p in parts],
+        [o.view(np.uint8) for o in part_offsets],
+        dtype.itemsize,
+        chunk_of,
+        row_of,
+        offsets.astype(np.int64, copy=False),
+        values.view(np.uint8),
+    )
+    return SlotColumn(values, offsets, 0)
+
+
+def _offsets64(column: SlotColumn) -> np.ndarray:
     if column.offsets is None:
-        w = column.width
-        values = np.take(column.values.reshape(-1, w), permutation, axis=0).reshape(-1)
-        return SlotColumn(values, None, w)
-    offsets = column.offsets
-    starts = offsets[:-1][permutation].astype(np.int64)
-    lengths = (offsets[1:] - offsets[:-1])[permutation].astype(np.int64)
-    new_offsets = np.zeros(len(permutation) + 1, dtype=offsets.dtype)
-    np.cumsum(lengths, out=new_offsets[1:])
-    # Index of every output value in the input: its record's input start plus its
-    # position inside the record.
-    shift = np.repeat(starts - new_offsets[:-1], lengths)
-    index = np.arange(len(shift), dtype=np.int64) + shift
-    return SlotColumn(np.take(column.values, index), new_offsets, 0)
+        return np.arange(0, (column.rows + 1) * column.width, column.width, dtype=np.int64)
+    return column.offsets.astype(np.int64, copy=False)
 
 
 def arrow_schema_of(schema: SlotSchema) -> pa.Schema:
