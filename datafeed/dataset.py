@@ -315,6 +315,11 @@ class InMemoryDataset(DatasetBase):
         """Records in memory after a shuffle (Paddle's name for the same count)."""
         return self.get_memory_data_size(fleet)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the records in memory (values and offsets)."""
+        return self._store.nbytes if self._store is not None else 0
+
     def to_arrow(self) -> pa.Table:
         """The records in memory, in their current order, as a ``pyarrow.Table``."""
         return self._require_store("to_arrow").to_arrow()

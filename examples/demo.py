@@ -20,6 +20,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "criteo"))
 
+import torch  # noqa: E402,F401  # imported up front, as a training script does
+
 from make_data import make_files  # noqa: E402
 
 from datafeed import InMemoryDataset, Ragged, Slot  # noqa: E402
@@ -64,8 +66,10 @@ def main() -> None:
         f"{stats.lines / stats.seconds:,.0f} lines/s, {stats.bytes / stats.seconds / 1e6:.1f} MB/s "
         f"of MultiSlot text; {stats.skipped_lines} lines skipped"
     )
-    in_memory = dataset.to_arrow().nbytes
-    print(f"   in memory: {in_memory / 1e6:.1f} MB ({in_memory / stats.records:.0f} bytes/record)")
+    print(
+        f"   in memory: {dataset.nbytes / 1e6:.1f} MB "
+        f"({dataset.nbytes / stats.records:.0f} bytes/record)"
+    )
 
     print(f"== 3. local_shuffle(seed={args.seed}) and one pass of batches of {args.batch_size}")
     started = time.perf_counter()

@@ -15,6 +15,12 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data" / "real"
 PYTHON = sys.executable
 
+# Child processes (pipe commands, generators, workers) import this checkout,
+# whether or not it is installed in the interpreter running the tests.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
+
 # A small schema with every kind of slot: dense float, sparse uint64, sparse
 # int64, dense int64 label.
 SMALL_SCHEMA = [

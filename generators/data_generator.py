@@ -1,0 +1,299 @@
+"""Base classes for ``reader.py`` generator scripts, as in Paddle's Fleet.
+
+A user script subclasses one of them, overrides ``generate_sample`` and ends
+with ``MyReader().run_from_stdin()``; fleetfeed (or Paddle) runs it once per
+input file with the file on its stdin and reads MultiSlot text from its
+stdout. The text is byte-identical to what Paddle's classes of the same name
+write (paddle_semantics.md §1), so scripts and their output move freely
+between the two systems.
+
+Differences from Paddle, on purpose: a bad sample raises ``SampleError`` with
+a message that names the slot, the sample and the value; numpy integer and
+floating scalars are accepted as numbers; output is written in blocks of
+256 KiB instead of one ``write`` per sample; a closed stdout ends the process
+with a one-line message instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from generators._format import SampleFormatter, run_generator
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs import time in every generator process
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any, BinaryIO, TextIO
+
+    Sample = Any  # a list or tuple of (name, [values]) pairs, or a zip of them
+    SampleSource = Callable[[], Iterable[Sample | None]]
+
+# Output goes to stdout in blocks of at least this many bytes.
+BLOCK_SIZE = 1 << 18
+
+
+class DataGenerator:
+    """The base of all generators: Paddle's run loop, without a text format.
+
+    Subclass ``MultiSlotDataGenerator`` or ``MultiSlotStringDataGenerator``
+    rather than this class, unless you also write your own ``_gen_str``
+    (a method that turns one sample into one line of text).
+
+    Attributes:
+        batch_size_: How many samples ``run_from_stdin`` groups before it
+            hands them to ``generate_batch`` (Paddle's attribute name).
+    """
+
+    # Class-level defaults keep a subclass working when its __init__ forgets
+    # to call super().__init__() (Paddle's fails with an AttributeError).
+    batch_size_: int = 32
+    _formatter: SampleFormatter | None = None
+
+    def __init__(self) -> None:
+        self.batch_size_ = 32
+        self._formatter = None
+
+    @property
+    def _proto_info(self) -> list[tuple[str, str]] | None:
+        """Paddle's per-slot types seen so far: ``[(name, "uint64"|"float")]``."""
+        if self._formatter is None:
+            return None
+        return self._formatter.proto_info
+
+    @_proto_info.setter
+    def _proto_info(self, value: None) -> None:
+        # Paddle code resets the first-sample schema by assigning None.
+        if value is not None:
+            raise ValueError(f"_proto_info can only be reset to None, got {value!r}")
+        self._formatter = None
+
+    def set_batch(self, batch_size: int) -> None:
+        """Sets how many samples are grouped before ``generate_batch``.
+
+        Args:
+            batch_size: The number of samples per batch.
+
+        Raises:
+            ValueError: ``batch_size`` is not an int >= 1.
+        """
+        self.batch_size_ = _checked_batch_size(batch_size)
+
+    def generate_sample(self, line: Any) -> SampleSource:
+        """Turns one input line into samples. Must be overridden.
+
+        Args:
+            line: One line of stdin (a str with its trailing ``\\n``), or None
+                under ``run_from_memory``. Typed ``Any`` so that an override
+                may declare ``line: str``.
+
+        Returns:
+            A callable that takes no arguments and yields samples: lists or
+            tuples (or zips) of ``(name, [values])`` pairs. None samples are
+            skipped.
+        """
+        raise NotImplementedError(
+            "Please rewrite this function to return a list or tuple: "
+            "[(name, [feasign, ...]), ...] or ((name, [feasign, ...]), ...)"
+        )
+
+    def generate_batch(self, samples: list[Sample]) -> SampleSource:
+        """Turns a batch of samples into the samples to write.
+
+        Override it to emit samples that depend on the whole batch; the
+        default yields the batch unchanged.
+
+        Args:
+            samples: Up to ``batch_size_`` samples from ``generate_sample``.
+
+        Returns:
+            A callable that takes no arguments and yields samples.
+        """
+
+        def local_iter() -> Iterator[Sample]:
+            yield from samples
+
+        return local_iter
+
+    def run_from_stdin(self) -> None:
+        """Writes the samples of every stdin line to stdout.
+
+        Raises:
+            SampleError: A sample is not valid; a note names the input line.
+            SystemExit: stdout was closed by the process reading it (status 1,
+                after a one-line message on stderr).
+        """
+        self._run(sys.stdin)
+
+    def run_from_memory(self) -> None:
+        """Writes the samples of ``generate_sample(None)`` to stdout.
+
+        Raises:
+            SampleError: A sample is not valid.
+            SystemExit: stdout was closed by the process reading it.
+        """
+        self._run((None,))
+
+    def _gen_str(self, line: Sample) -> str:
+        raise NotImplementedError(
+            "pls use MultiSlotDataGenerator or PairWiseDataGenerator"
+        )
+
+    def _new_formatter(self) -> SampleFormatter:
+        return SampleFormatter()
+
+    def _sample_formatter(self) -> SampleFormatter:
+        if self._formatter is None:
+            self._formatter = self._new_formatter()
+        return self._formatter
+
+    def _run(self, lines: Iterable[str | None]) -> None:
+        batch_size = _checked_batch_size(self.batch_size_)
+        formatter = self._sample_formatter()
+        # The default generate_batch passes samples through unchanged, so
+        # they can be formatted as they come, without building batches.
+        generate_batch = (
+            None
+            if type(self).generate_batch is DataGenerator.generate_batch
+            else self.generate_batch
+        )
+        # The compiled formatter writes the built-in formats; anything else
+        # (a plain DataGenerator, a subclass's own _gen_str) goes through
+        # _gen_str, which for DataGenerator raises Paddle's error.
+        gen_str = None if type(self)._gen_str in _BUILT_IN_FORMATS else self._gen_str
+        stdout = sys.stdout
+        write = _block_writer(stdout)
+        try:
+            run_generator(
+                lines,
+                self.generate_sample,
+                generate_batch,
+                batch_size,
+                formatter,
+                gen_str,
+                write,
+                BLOCK_SIZE,
+            )
+            stdout.flush()
+        except BrokenPipeError:
+            _exit_on_broken_pipe(stdout, formatter.samples)
+
+
+class MultiSlotDataGenerator(DataGenerator):
+    """A generator of numeric slots, checked as Paddle checks them.
+
+    Every sample must be a list or tuple (or a zip) of ``(name, [values])``
+    pairs with str names and non-empty lists of int or float values
+    (``bool`` and numpy integer and floating scalars included). The first
+    sample fixes the slot names and their order; every later sample must
+    have the same. Output per slot: the number of values, then the values
+    through ``str()``.
+
+    Example::
+
+        class Reader(MultiSlotDataGenerator):
+            def generate_sample(self, line):
+                def sample():
+                    label, *ids = line.split()
+                    yield [("ids", [int(i) for i in ids]), ("label", [int(label)])]
+                return sample
+
+        Reader().run_from_stdin()
+    """
+
+    def _gen_str(self, line: Sample) -> str:
+        """Checks one sample and returns its line of text.
+
+        Raises:
+            SampleError: The sample is not valid.
+        """
+        return self._sample_formatter().format(line).decode()
+
+
+class MultiSlotStringDataGenerator(DataGenerator):
+    """A generator of string slots, written as they are.
+
+    Values must be str (the caller has formatted them); no other check is
+    made, as in Paddle: an empty list is written as ``0``.
+    """
+
+    def _new_formatter(self) -> SampleFormatter:
+        return SampleFormatter(strings=True)
+
+    def _gen_str(self, line: Sample) -> str:
+        """Returns the line of text of one sample.
+
+        Raises:
+            SampleError: The sample is not a list of pairs, or a value is not
+                a str.
+        """
+        return self._sample_formatter().format(line).decode()
+
+
+_BUILT_IN_FORMATS = frozenset(
+    {MultiSlotDataGenerator._gen_str, MultiSlotStringDataGenerator._gen_str}
+)
+
+
+def _checked_batch_size(batch_size: object) -> int:
+    # Paddle takes anything; 0 or a float makes its batches silently never fill.
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or batch_size < 1
+    ):
+        raise ValueError(f"the batch size must be an int >= 1, got {batch_size!r}")
+    return batch_size
+
+
+def _block_writer(stdout: TextIO) -> Callable[[bytes], object]:
+    """A function that writes one block of bytes to ``stdout``, in full."""
+    buffer = getattr(stdout, "buffer", None)
+    if buffer is None:  # stdout replaced by a text-only stream (a test, a notebook)
+
+        def write_text(block: bytes) -> object:
+            return stdout.write(block.decode())
+
+        return write_text
+
+    def write_block(block: bytes) -> None:
+        # Anything print()ed to stdout so far goes out first, in order.
+        stdout.flush()
+        written = buffer.write(block)
+        if written is not None and written >= len(block):
+            return
+        # Under PYTHONUNBUFFERED (or python -u) stdout.buffer is a raw FileIO,
+        # whose write may take only part of the block.
+        _write_rest(buffer, memoryview(block)[written or 0 :])
+
+    return write_block
+
+
+def _write_rest(raw: BinaryIO, rest: memoryview) -> None:
+    while rest:
+        written = raw.write(rest)
+        if written is None:  # a non-blocking stdout that is full: wait for room
+            import select
+
+            select.select([], [raw], [])
+            continue
+        rest = rest[written:]
+
+
+def _exit_on_broken_pipe(stdout: TextIO, samples: int) -> None:
+    # The reader of our stdout has gone (`| head`, a failed loader). Point
+    # stdout at /dev/null so that the interpreter's final flush does not
+    # raise again, say what happened in one line and stop.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "generator"
+    sys.stderr.write(
+        f"{script}: stdout was closed by the process reading it (broken pipe) "
+        f"after {samples} samples; stopping\n"
+    )
+    sys.stderr.flush()
+    raise SystemExit(1)
