@@ -20,7 +20,7 @@ from .batch import Batch, BatchBuilder, concat_rows
 from .columns import RecordChunk
 from .errors import SchemaError
 from .progress import LoadProgress, progress_enabled
-from .readers import LoadStats, ReaderPool
+from .readers import DEFAULT_CHUNK_ROWS, LoadStats, ReaderPool
 from .settings import FLEETFEED_SETTINGS, INMEMORY_SETTINGS, PADDLE_SETTINGS, Settings
 from .slots import SlotSchema
 from .store import RecordStore
@@ -152,6 +152,10 @@ class DatasetBase:
                 + ", ".join(missing)
             )
 
+    # Rows per parsed chunk: large for loads (fewer, bigger arrays), smaller for
+    # streaming, where chunks in flight bound the memory.
+    _chunk_rows = DEFAULT_CHUNK_ROWS
+
     def _reader_pool(self, thread_num: int | None = None) -> ReaderPool:
         s = self._settings
         return ReaderPool(
@@ -161,6 +165,7 @@ class DatasetBase:
             threads=thread_num or s["thread_num"],
             skip_bad_lines=s["on_bad_line"] == "skip",
             max_line_bytes=s["max_line_bytes"],
+            chunk_rows=self._chunk_rows,
         )
 
     def _log_load(self, stats: LoadStats) -> None:
@@ -353,6 +358,7 @@ class QueueDataset(DatasetBase):
     """
 
     queue_chunks = 4  # chunks buffered between the readers and the consumer
+    _chunk_rows = 1 << 14
 
     def local_shuffle(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(

@@ -40,6 +40,9 @@ DEFAULT_CHUNK_ROWS = 1 << 16
 # rather than held back for a full chunk (a slow generator must not starve a
 # streaming consumer).
 IDLE_FLUSH_SECONDS = 0.05
+# The parser is fed this much text at a time, so that chunks are cut close to
+# chunk_rows whatever the size of a read.
+FEED_BYTES = 256 << 10
 STDERR_TAIL_LINES = 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
@@ -409,14 +412,30 @@ class ReaderPool:
                 break
             end += n
             total += n
-            start += parser.feed(view[start:end])
-            if parser.pending_rows >= self.chunk_rows:
-                sink(index, parser.take_chunk())  # type: ignore[arg-type]
+            start = self._feed(parser, view, start, end, index, sink)
             self.counters.add(parser.lines - lines_before, n)
             lines_before = parser.lines
         tail = bytes(view[start:end])
         view.release()
         return total, tail
+
+    def _feed(
+        self, parser: ChunkParser, view: memoryview, start: int, end: int, index: int, sink: ChunkSink
+    ) -> int:
+        """Parses the complete lines of ``view[start:end]``; returns the new start."""
+        while start < end:
+            limit = min(end, start + FEED_BYTES)
+            consumed = parser.feed(view[start:limit])
+            if not consumed and limit < end:
+                # A line longer than the slice: give the parser all there is.
+                consumed = parser.feed(view[start:end])
+                limit = end
+            start += consumed
+            if parser.pending_rows >= self.chunk_rows:
+                sink(index, parser.take_chunk())  # type: ignore[arg-type]
+            if limit == end or not consumed:
+                break
+        return start
 
     def _finish(self, parser: ChunkParser, tail: bytes, index: int, sink: ChunkSink) -> None:
         if self._stop.is_set():
