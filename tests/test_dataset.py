@@ -429,3 +429,20 @@ def test_queue_dataset_stopped_early_leaves_nothing_running(tmp_path):
     first = next(iterator)
     assert first.size == 1
     iterator.close()  # the autouse fixture checks that no child process is left
+
+
+def test_progress_bar_shows_files_lines_and_throughput(tmp_path, capsys):
+    paths = write_small_files(tmp_path, files=3, per_file=50)
+    ds = make_dataset(progress=True, pipe_command="sleep 0.3; cat", thread_num=1)
+    ds.set_filelist(paths)
+    ds.load_into_memory()
+    err = capsys.readouterr().err
+    assert "loading" in err and "/3" in err and "file" in err
+    assert "lines=" in err and "MB_s=" in err
+
+
+def test_no_progress_bar_when_disabled(tmp_path, capsys):
+    ds = make_dataset(progress=False)
+    ds.set_filelist(write_small_files(tmp_path, files=2, per_file=5))
+    ds.load_into_memory()
+    assert capsys.readouterr().err == ""
