@@ -19,6 +19,7 @@ from . import shuffle
 from .batch import Batch, BatchBuilder, concat_rows
 from .columns import RecordChunk
 from .errors import SchemaError
+from .memory import release_free_memory
 from .progress import LoadProgress, progress_enabled
 from .readers import DEFAULT_CHUNK_ROWS, LoadStats, ReaderPool
 from .settings import FLEETFEED_SETTINGS, INMEMORY_SETTINGS, PADDLE_SETTINGS, Settings
@@ -272,6 +273,8 @@ class InMemoryDataset(DatasetBase):
         store.extend([chunk for chunks in per_file for chunk in chunks])
         self._store = store
         self._stats = stats
+        del pool, per_file  # the parsers' buffers go with them
+        release_free_memory()
         self._log_load(stats)
 
     # -- shuffling ---------------------------------------------------------------------
@@ -290,9 +293,12 @@ class InMemoryDataset(DatasetBase):
             base = self._settings["seed"]
             seed = shuffle.fresh_seed() if base is None else shuffle.derive_seed(base, self._shuffles)
         self._shuffles += 1
+        rows = store.rows
         self._store = shuffle.local_shuffle(store, seed, threads=self._settings["thread_num"])
+        del store
+        release_free_memory()  # the unshuffled chunks
         self.last_shuffle_seed = seed
-        logger.info("local_shuffle of %d records with seed %d", store.rows, seed)
+        logger.info("local_shuffle of %d records with seed %d", rows, seed)
 
     def global_shuffle(self, fleet: Any = None, thread_num: int = 12, seed: int | None = None) -> None:
         """Shuffles records across workers; without a distributed fleet, a local shuffle."""
@@ -306,8 +312,9 @@ class InMemoryDataset(DatasetBase):
     # -- inspection --------------------------------------------------------------------
 
     def release_memory(self) -> None:
-        """Drops the records and gives their memory back."""
+        """Drops the records and gives their memory back to the operating system."""
         self._store = None
+        release_free_memory()
 
     def get_memory_data_size(self, fleet: Any = None) -> int:
         """Records in memory (with a fleet of several workers: over all of them)."""
