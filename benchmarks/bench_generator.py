@@ -19,27 +19,33 @@ stdin to measure its start-up (interpreter and imports); lines/s are
 must hash the same. Prints a table and writes ``benchmarks/results/generator.md``.
 ``--profile`` prints a cProfile summary of each contender instead.
 
-Figures on the development machine (2 CPU cores, Python 3.11.7, 200,000 lines,
-``--profile`` on 50,000 lines; cProfile adds its own overhead, so the
-totals are larger than the timed runs):
+Profile (``--profile --lines 50000``, cProfile, development machine: 2 CPU
+cores, Python 3.11.7; cProfile's own overhead makes every total larger than
+a timed run, and inflates Python-level calls most):
 
-    before (Paddle 3.3.1's class), 50,000 lines: 4.9 s under cProfile
-        _gen_str (data_generator.py)     1.97 s own, 2.32 s with callees
-        criteo_sample (the reader)       1.00 s own, 1.44 s with callees
-        isinstance                       0.29 s, 5.7 million calls
-        run_from_stdin                   0.17 s own
-    after (fleetfeed), 50,000 lines: 1.25 s under cProfile
-        criteo_sample (the reader)       0.50 s own, 0.92 s with callees
-        _run (data_generator.py)         0.31 s own: run_generator, compiled,
-                                         so reading, checking, formatting and
-                                         writing all count here
-    formatting alone, 50,000 samples already made: SampleFormatter 4.4 us a
-    sample (13 floats 3.4 us, 26 ids and a label 0.95 us); the oracle's
-    _gen_str 22 us. Float repr (CPython's dtoa, 17-digit values here) is now
-    the largest part of fleetfeed's own time.
+    before: Paddle 3.3.1's class                       4.9 s
+        _gen_str (Paddle's data_generator.py)    2.03 s own, 2.36 s with callees
+        criteo_sample (the reader)               1.01 s own, 1.46 s with callees
+        isinstance (from _gen_str)               0.27 s, 5.7 million calls
+        run_from_stdin                           0.17 s own
+    before: the oracle (a straight Python port)        7.3 s
+        _later_sample_text + _field_text         5.2 s with callees
+    fleetfeed, first cut (floats via PyOS_double_to_string)   1.25 s
+        criteo_sample (the reader)               0.50 s own, 0.92 s with callees
+        _run -> run_generator (compiled: reading, checks, formatting, writing)
+                                                 0.31 s own
+    after: fleetfeed, floats via Ryu                   1.10 s
+        criteo_sample (the reader)               0.50 s own, 0.93 s with callees
+        _run -> run_generator                    0.16 s own
+
+Formatting alone, 50,000 Criteo samples made beforehand (13 floats, 26 ids, a
+label each): the oracle's _gen_str 22 us a sample; SampleFormatter with
+PyOS_double_to_string 4.4 us (3.4 us of it the 13 floats: dtoa on 17-digit
+values), with Ryu 1.7 us (floats 0.65 us, ids and label 0.95 us). The reader
+itself takes ~9 us a line, so it is now ~85% of a fleetfeed generator's time.
 
 Usage: ``python benchmarks/bench_generator.py [--lines N] [--repeats R]
-[--paddle-python PATH|none] [--no-write] [--profile]``
+[--paddle-python PATH|none] [--source TSV] [--no-write] [--profile]``
 """
 
 from __future__ import annotations

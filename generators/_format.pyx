@@ -581,7 +581,7 @@ cdef class SampleFormatter:
     def append_text(self, str text):
         """Appends a line formatted elsewhere (a subclass's own ``_gen_str``).
 
-        The text is written as UTF-8, unchecked, and counts as one sample.
+        The text is written as UTF-8, unchecked; ``samples`` does not count it.
         """
         self._append_text(text)
 
@@ -638,7 +638,6 @@ cdef class SampleFormatter:
 
     cdef int _append_text(self, str text) except -1:
         self._put_utf8(text)
-        self.samples += 1
         return 0
 
     cdef int _append_sample(self, object sample) except -1:

@@ -7,11 +7,17 @@ stdout. The text is byte-identical to what Paddle's classes of the same name
 write (paddle_semantics.md §1), so scripts and their output move freely
 between the two systems.
 
-Differences from Paddle, on purpose: a bad sample raises ``SampleError`` with
-a message that names the slot, the sample and the value; numpy integer and
-floating scalars are accepted as numbers; output is written in blocks of
-256 KiB instead of one ``write`` per sample; a closed stdout ends the process
-with a one-line message instead of a traceback.
+Differences from Paddle, on purpose:
+
+* a bad sample raises ``SampleError``, whose message names the slot, the
+  sample and the value, and notes the input line it came from;
+* numpy integer and floating scalars are numbers;
+* every value is checked (Paddle stops checking a slot once it has seen a
+  float there, and writes whatever follows), a sample without slots is
+  refused, and a first sample that fails fixes no slot schema;
+* ``set_batch`` takes only an int >= 1;
+* output goes out in blocks of 256 KiB instead of one ``write`` per sample,
+  and a closed stdout ends the process with one line on stderr, status 1.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from generators._format import SampleFormatter, run_generator
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs import time in every generator process
     from collections.abc import Callable, Iterable, Iterator
-    from typing import Any, BinaryIO, TextIO
+    from typing import Any, BinaryIO, NoReturn, TextIO
 
     Sample = Any  # a list or tuple of (name, [values]) pairs, or a zip of them
     SampleSource = Callable[[], Iterable[Sample | None]]
@@ -176,7 +182,7 @@ class DataGenerator:
             )
             stdout.flush()
         except BrokenPipeError:
-            _exit_on_broken_pipe(stdout, formatter.samples)
+            _exit_on_broken_pipe(stdout)
 
 
 class MultiSlotDataGenerator(DataGenerator):
@@ -280,7 +286,7 @@ def _write_rest(raw: BinaryIO, rest: memoryview) -> None:
         rest = rest[written:]
 
 
-def _exit_on_broken_pipe(stdout: TextIO, samples: int) -> None:
+def _exit_on_broken_pipe(stdout: TextIO) -> NoReturn:
     # The reader of our stdout has gone (`| head`, a failed loader). Point
     # stdout at /dev/null so that the interpreter's final flush does not
     # raise again, say what happened in one line and stop.
@@ -292,8 +298,8 @@ def _exit_on_broken_pipe(stdout: TextIO, samples: int) -> None:
         pass
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "generator"
     sys.stderr.write(
-        f"{script}: stdout was closed by the process reading it (broken pipe) "
-        f"after {samples} samples; stopping\n"
+        f"{script}: stdout was closed by the process reading it (broken pipe); "
+        "stopping\n"
     )
     sys.stderr.flush()
     raise SystemExit(1)

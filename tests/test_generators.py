@@ -730,6 +730,20 @@ def test_own_gen_str_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_to_bytes(PairWise(), "1,2\n3\n", monkeypatch) == b"pair 1,2\npair 3\n"
 
 
+def test_own_gen_str_on_top_of_the_built_in_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Tagged(ListReader):
+        def _gen_str(self, line: Any) -> str:
+            return "tag " + super()._gen_str(line)
+
+    generator = Tagged()
+    assert run_to_bytes(generator, "1,2\n3\n", monkeypatch) == b"tag 2 1 2\ntag 1 3\n"
+    assert generator._proto_info == [("ids", "uint64")]
+    with pytest.raises(SampleError, match=r"^slot 'ids' of sample 3: expected"):
+        generator._gen_str([("ids", ["x"])])
+
+
 def test_init_without_super_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
     class Forgetful(ListReader):
         def __init__(self) -> None:
@@ -903,10 +917,9 @@ def test_reader_process_stops_cleanly_on_a_closed_pipe(tmp_path: Path) -> None:
     assert "Traceback" not in stderr
     lines = stderr.splitlines()
     assert len(lines) == 1, stderr
-    assert lines[0].startswith(
-        "reader.py: stdout was closed by the process reading it (broken pipe) after "
-    )
-    assert lines[0].endswith(" samples; stopping")
+    assert lines == [
+        "reader.py: stdout was closed by the process reading it (broken pipe); stopping"
+    ]
 
 
 def criteo_output(python: str, base: str, env_extra: dict[str, str]) -> bytes:
