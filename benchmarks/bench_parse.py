@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -34,8 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from datafeed import Slot, SlotSchema  # noqa: E402
-from datafeed.parsing import ChunkParser  # noqa: E402
+from datafeed import Slot, SlotSchema
+from datafeed.parsing import ChunkParser
 
 DATA_DIR = ROOT / "benchmarks" / "data"
 FEED_BYTES = 4 * 2**20
@@ -58,9 +59,7 @@ def make_text(lines: int, seed: int = 0) -> bytes:
     labels = rng.integers(0, 2, size=lines).astype(str)
     out = []
     for i in range(lines):
-        out.append(
-            f"1 {labels[i]} 13 {' '.join(dense[i])} 1 {' 1 '.join(ids[i])}\n"
-        )
+        out.append(f"1 {labels[i]} 13 {' '.join(dense[i])} 1 {' 1 '.join(ids[i])}\n")
     return "".join(out).encode()
 
 
@@ -90,7 +89,7 @@ def parse_all(data: memoryview, source: str) -> int:
     return parser.records
 
 
-def run_threads(data: bytes, threads: int) -> float:
+def run_threads(data: bytes, threads: int, expected: int) -> float:
     """Seconds to parse ``data`` split at line ends over ``threads`` threads."""
     view = memoryview(data)
     bounds = [0]
@@ -100,7 +99,7 @@ def run_threads(data: bytes, threads: int) -> float:
     counts = [0] * threads
 
     def work(k: int) -> None:
-        counts[k] = parse_all(view[bounds[k]:bounds[k + 1]], f"part-{k}")
+        counts[k] = parse_all(view[bounds[k] : bounds[k + 1]], f"part-{k}")
 
     workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     started = time.perf_counter()
@@ -109,7 +108,6 @@ def run_threads(data: bytes, threads: int) -> float:
     for w in workers:
         w.join()
     seconds = time.perf_counter() - started
-    expected = data.count(b"\n")
     if sum(counts) != expected:
         raise RuntimeError(f"parsed {sum(counts)} records, expected {expected}")
     return seconds
@@ -117,6 +115,8 @@ def run_threads(data: bytes, threads: int) -> float:
 
 def contender(name: str, lines: int, runs: int) -> dict[str, float]:
     data = load_text(lines)
+    expected = data.count(b"\n")
+    cpu, wall = time.process_time(), time.perf_counter()
     if name == "reference":
         sys.path.insert(0, str(ROOT / "tests"))
         import reference_parser
@@ -129,10 +129,13 @@ def contender(name: str, lines: int, runs: int) -> dict[str, float]:
             times.append(time.perf_counter() - started)
     else:
         threads = 1 if name == "1-thread" else 2
-        times = [run_threads(data, threads) for _ in range(runs)]
+        times = [run_threads(data, threads, expected) for _ in range(runs)]
+    # CPU seconds per wall second: near the thread count when the GIL is free.
+    cpu_per_wall = (time.process_time() - cpu) / (time.perf_counter() - wall)
     seconds = statistics.median(times)
     return {
-        "lines_per_s": data.count(b"\n") / seconds,
+        "cpu_per_wall": cpu_per_wall,
+        "lines_per_s": data.count(b"\n") / seconds,  # (reference: a prefix)
         "mb_per_s": len(data) / seconds / 1e6,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "bytes": len(data),
@@ -154,21 +157,53 @@ def main() -> None:
     # Each child reports its own peak RSS, and Linux carries ru_maxrss across
     # exec: so this process never holds the text, a child makes it.
     started = time.perf_counter()
-    subprocess.run([sys.executable, __file__, "--contender", "prepare", "--lines",
-                    str(args.lines)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--contender",
+            "prepare",
+            "--lines",
+            str(args.lines),
+        ],
+        check=True,
+    )
     size = (DATA_DIR / f"criteo_multislot_{args.lines}.txt").stat().st_size
-    print(f"{args.lines:,} Criteo-layout lines, {size / 1e6:.0f} MB "
-          f"(ready in {time.perf_counter() - started:.1f} s); median of {args.runs}")
-    print(f"{'contender':<12} {'lines/s':>12} {'MB/s':>8} {'peak RSS MB':>12}")
+    print(
+        f"{args.lines:,} Criteo-layout lines, {size / 1e6:.0f} MB "
+        f"(ready in {time.perf_counter() - started:.1f} s); median of {args.runs}"
+    )
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(
+            f"note: the load average is {load:.1f} before starting; other processes "
+            "share the CPUs, so these figures are lower bounds"
+        )
+    print(
+        f"{'contender':<12} {'lines/s':>12} {'MB/s':>8} {'CPU/wall':>9} "
+        f"{'peak RSS MB':>12}"
+    )
     for name in ("1-thread", "2-threads", "reference"):
         out = subprocess.run(
-            [sys.executable, __file__, "--contender", name, "--lines", str(args.lines),
-             "--runs", str(args.runs)],
-            check=True, capture_output=True, text=True,
+            [
+                sys.executable,
+                __file__,
+                "--contender",
+                name,
+                "--lines",
+                str(args.lines),
+                "--runs",
+                str(args.runs),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         r = json.loads(out)
-        print(f"{name:<12} {r['lines_per_s']:>12,.0f} {r['mb_per_s']:>8.1f} "
-              f"{r['peak_rss_mb']:>12.0f}")
+        print(
+            f"{name:<12} {r['lines_per_s']:>12,.0f} {r['mb_per_s']:>8.1f} "
+            f"{r['cpu_per_wall']:>9.2f} {r['peak_rss_mb']:>12.0f}"
+        )
 
 
 if __name__ == "__main__":

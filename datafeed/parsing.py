@@ -10,7 +10,8 @@ raises ``ParseError`` naming the source, line, slot and token.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +59,12 @@ class ChunkParser:
         lines: lines seen so far (records plus skipped lines).
         records: records parsed so far, including those already taken.
         skipped_lines: bad lines skipped (skip mode).
-        skipped_reasons: skipped lines per reason, e.g. ``{"bad_count": 2}``.
+        skipped_reasons: skipped lines per reason, e.g. ``{"bad_count": 2}``;
+            the reasons are ``blank_line``, ``missing_slot`` (the line ends
+            before a slot), ``bad_count``, ``count_not_positive``,
+            ``dense_count_mismatch``, ``too_few_values``, ``not_a_number``,
+            ``float_in_integer_slot``, ``negative_uint64``, ``out_of_range``,
+            ``trailing_tokens`` and ``line_too_long``.
         bad_line_messages: the full error messages of the first few skipped lines.
         pending_rows: rows parsed but not yet taken.
 
@@ -104,6 +110,8 @@ class ChunkParser:
         Returns:
             The number of bytes consumed: through the last b"\\n", 0 when there
             is none. The caller passes the rest again, followed by more data.
+            (When skipping a line longer than ``max_line_bytes``, the parser
+            consumes, and drops, everything up to that line's b"\\n".)
 
         Raises:
             ParseError: on a malformed line (unless skipping), or when the
@@ -168,8 +176,11 @@ class ChunkParser:
 def _empty_chunk(schema: SlotSchema) -> RecordChunk:
     return RecordChunk(
         columns=tuple(
-            SlotColumn(np.empty(0, dtype=s.numpy_dtype), None if s.is_dense else
-                       np.zeros(1, dtype=np.int32), s.width)
+            SlotColumn(
+                np.empty(0, dtype=s.numpy_dtype),
+                None if s.is_dense else np.zeros(1, dtype=np.int32),
+                s.width,
+            )
             for s in schema
         ),
         rows=0,
@@ -194,8 +205,9 @@ def parse_bytes(
         ParseError: on the first malformed line, unless ``skip_bad_lines``.
     """
     schema = _as_schema(schema)
-    parser = ChunkParser(schema, source, skip_bad_lines=skip_bad_lines,
-                         max_line_bytes=max(len(data), 1))
+    parser = ChunkParser(
+        schema, source, skip_bad_lines=skip_bad_lines, max_line_bytes=max(len(data), 1)
+    )
     view = _byte_view(data)
     consumed = parser.feed(view)
     parser.feed_final(memoryview(view)[consumed:])
@@ -203,7 +215,9 @@ def parse_bytes(
     return chunk if chunk is not None else _empty_chunk(schema)
 
 
-def chunk_to_arrow(schema: SlotSchema | Iterable[Any], chunk: RecordChunk) -> pa.RecordBatch:
+def chunk_to_arrow(
+    schema: SlotSchema | Iterable[Any], chunk: RecordChunk
+) -> pa.RecordBatch:
     """A chunk as an Arrow record batch, sharing the values' memory.
 
     A sparse slot becomes ``list<value type>`` (int32 offsets; ``large_list``

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from .columns import RecordChunk
 from .errors import ReaderError
 from .parsing import ChunkParser
+from . import ranges
+from .ranges import LimitedReader, OrderedChunks, describe, plan_tasks
 from .slots import SlotSchema
 
 logger = logging.getLogger("datafeed")
@@ -105,6 +107,25 @@ class LoadStats:
         return dataclasses.asdict(self)
 
 
+def merge_file_stats(path: str, parts: list[FileStats]) -> FileStats:
+    """One file's stats from those of its byte ranges (datafeed/ranges.py)."""
+    if len(parts) == 1:
+        return parts[0]
+    reasons: dict[str, int] = {}
+    for part in parts:
+        for reason, count in part.skipped_reasons.items():
+            reasons[reason] = reasons.get(reason, 0) + count
+    return FileStats(
+        path=path,
+        lines=sum(p.lines for p in parts),
+        records=sum(p.records for p in parts),
+        skipped_lines=sum(p.skipped_lines for p in parts),
+        skipped_reasons=reasons,
+        bytes=sum(p.bytes for p in parts),
+        seconds=max((p.seconds for p in parts), default=0.0),
+    )
+
+
 def is_identity_command(command: str) -> bool:
     """Whether the pipe command passes its input through unchanged (plain ``cat``)."""
     return command.strip() == "cat"
@@ -113,13 +134,19 @@ def is_identity_command(command: str) -> bool:
 class PipeProcess:
     """The pipe command running on one input file, its stdout readable by us."""
 
-    def __init__(self, command: str, path: str) -> None:
+    def __init__(self, command: str, path: str, start: int = 0, end: int | None = None) -> None:
         self.command = command
-        self.path = path
+        self.path = path if end is None else f"{path} (bytes {start}-{end})"
         self._processes: list[subprocess.Popen] = []
         self._stderr = tempfile.TemporaryFile()
         self._gunzip_stderr: io.BufferedRandom | None = None
         self._input = open(path, "rb")  # noqa: SIM115 - closed in close()
+        shell_command = command
+        if end is not None:
+            # A byte range: the command's stdin starts at `start` (the file
+            # offset is shared with the child) and `head` stops it at `end`.
+            os.lseek(self._input.fileno(), start, os.SEEK_SET)
+            shell_command = f"head -c {end - start} | {command}"
         try:
             stdin = self._input
             gunzip = None
@@ -135,7 +162,7 @@ class PipeProcess:
                 self._processes.append(gunzip)
                 stdin = gunzip.stdout  # type: ignore[assignment]
             self.process = subprocess.Popen(
-                ["bash", "-c", "set -o pipefail; " + command],
+                ["bash", "-c", "set -o pipefail; " + shell_command],
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=self._stderr,
@@ -241,6 +268,10 @@ class ReaderPool:
         skip_bad_lines: count and skip malformed lines instead of raising.
         max_line_bytes: longest accepted line.
         chunk_rows: rows per chunk handed to the sink.
+        min_range_bytes: with fewer files than threads, files of at least
+            this size are split into byte ranges read at once (default:
+            ``ranges.MIN_RANGE_BYTES``).
+        ordered: hand a split file's chunks on in file order (else as they come).
     """
 
     def __init__(
@@ -253,11 +284,18 @@ class ReaderPool:
         skip_bad_lines: bool = False,
         max_line_bytes: int = 64 << 20,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        min_range_bytes: int | None = None,
+        ordered: bool = True,
     ) -> None:
         self.paths = list(paths)
         self.command = command
         self.schema = schema
-        self.threads = max(1, min(threads, len(self.paths) or 1))
+        # Fewer files than threads: large files are read as byte ranges at once.
+        self.tasks = plan_tasks(
+            self.paths, threads, ranges.MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
+        )
+        self.ordered = ordered
+        self.threads = max(1, min(threads, len(self.tasks) or 1))
         self.skip_bad_lines = skip_bad_lines
         self.max_line_bytes = max_line_bytes
         self.chunk_rows = chunk_rows
@@ -267,7 +305,6 @@ class ReaderPool:
         self._next_file = 0
         self._active: set[PipeProcess] = set()
         self._error: BaseException | None = None
-        self._file_stats: list[FileStats | None] = [None] * len(self.paths)
 
     # -- control -----------------------------------------------------------------
 
@@ -288,8 +325,9 @@ class ReaderPool:
         re-raised here.
         """
         started = time.perf_counter()
+        chunks = OrderedChunks(self.tasks, len(self.paths), sink, self.ordered)
         workers = [
-            threading.Thread(target=self._work, args=(sink,), name=f"datafeed-reader-{i}", daemon=True)
+            threading.Thread(target=self._work, args=(chunks,), name=f"datafeed-reader-{i}", daemon=True)
             for i in range(self.threads)
         ]
         for worker in workers:
@@ -309,44 +347,52 @@ class ReaderPool:
             raise self._error
         if self._stop.is_set():
             raise RuntimeError("the load was stopped before it finished")
-        stats = [s for s in self._file_stats if s is not None]
+        stats = [merge_file_stats(p, parts) for p, parts in zip(self.paths, chunks.per_file)]
         return LoadStats.combine(stats, time.perf_counter() - started)
 
     # -- reader threads ----------------------------------------------------------
 
-    def _work(self, sink: ChunkSink) -> None:
+    def _work(self, chunks: OrderedChunks) -> None:
         while not self._stop.is_set():
             with self._lock:
-                index = self._next_file
+                position = self._next_file
                 self._next_file += 1
-            if index >= len(self.paths):
+            if position >= len(self.tasks):
                 return
             try:
-                self._file_stats[index] = self._read_file(index, sink)
+                stats = self._read_file(position, lambda _index, chunk: chunks.chunk(position, chunk))
+                last_of_file = chunks.done(position, stats)
             except BaseException as error:  # noqa: BLE001 - re-raised in run()
                 with self._lock:
                     if self._error is None and not self._stop.is_set():
                         self._error = error
                 self.stop()
                 return
-            with self.counters.lock:
-                self.counters.files_done += 1
+            if last_of_file:
+                with self.counters.lock:
+                    self.counters.files_done += 1
 
-    def _read_file(self, index: int, sink: ChunkSink) -> FileStats:
-        path = self.paths[index]
+    def _read_file(self, position: int, sink: ChunkSink) -> FileStats:
+        index, path, start, end = self.tasks[position]
         started = time.perf_counter()
         identity = is_identity_command(self.command) and not path.endswith(".gz")
-        source = path if identity else f"{self.command!r} on {path}"
+        # A byte range's lines are numbered from its start; its name says so.
+        where = describe(self.tasks[position])
+        source = where if identity else f"{self.command!r} on {where}"
         parser = ChunkParser(
             self.schema, source, skip_bad_lines=self.skip_bad_lines, max_line_bytes=self.max_line_bytes
         )
         if identity:
             # `cat` would only copy the file through a pipe: read it directly.
-            with open(path, "rb", buffering=0) as raw:
+            with open(path, "rb", buffering=0) as file:
+                raw: io.RawIOBase = file
+                if end is not None:
+                    file.seek(start)
+                    raw = LimitedReader(file, end - start)
                 nbytes, tail = self._parse_stream(raw, parser, index, sink)
                 self._finish(parser, tail, index, sink)
         else:
-            process = PipeProcess(self.command, path)
+            process = PipeProcess(self.command, path, start, end)
             with self._lock:
                 self._active.add(process)
             try:
@@ -402,8 +448,8 @@ class ReaderPool:
                     end -= start
                     start = 0
                 else:  # one line fills the buffer: grow it (the parser enforces the limit)
+                    view.release()  # a bytearray cannot be resized while a view exists
                     buffer.extend(bytes(len(buffer)))
-                    view.release()
                     view = memoryview(buffer)
             if poller is not None and parser.pending_rows and not poller.poll(IDLE_FLUSH_SECONDS * 1000):
                 sink(index, parser.take_chunk())  # type: ignore[arg-type]

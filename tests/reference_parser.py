@@ -13,8 +13,9 @@ import ctypes
 import math
 import re
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from datafeed.errors import ParseError
 from datafeed.slots import Slot, SlotSchema
@@ -62,8 +63,9 @@ class Result:
 
 
 class _Bad(Exception):
-    def __init__(self, reason: str, slot: Slot | None, what: str,
-                 token: bytes | None) -> None:
+    def __init__(
+        self, reason: str, slot: Slot | None, what: str, token: bytes | None
+    ) -> None:
         super().__init__(what)
         self.reason, self.slot, self.what, self.token = reason, slot, what, token
 
@@ -80,31 +82,50 @@ def _value(slot: Slot, token: bytes) -> int:
             raise _Bad("not_a_number", slot, f"expected a number, found {shown}", token)
         value = strtof(token)
         if math.isinf(value) and not SPECIAL_TOKEN.fullmatch(token):
-            raise _Bad("out_of_range", slot,
-                       "expected a number within the float32 range "
-                       f"(magnitude at most 3.4028235e+38), found {shown}", token)
+            raise _Bad(
+                "out_of_range",
+                slot,
+                "expected a number within the float32 range "
+                f"(magnitude at most 3.4028235e+38), found {shown}",
+                token,
+            )
         return float32_bits(value)
     if INT_TOKEN.fullmatch(token):
         value = int(token)
         if slot.dtype == "uint64":
             if token.startswith(b"-"):
-                raise _Bad("negative_uint64", slot,
-                           "expected an unsigned integer (negative value in a uint64 "
-                           f"slot), found {shown}", token)
+                raise _Bad(
+                    "negative_uint64",
+                    slot,
+                    "expected an unsigned integer (negative value in a uint64 "
+                    f"slot), found {shown}",
+                    token,
+                )
             if value > 2**64 - 1:
-                raise _Bad("out_of_range", slot,
-                           "expected an integer within the uint64 range "
-                           f"[0, 18446744073709551615], found {shown}", token)
+                raise _Bad(
+                    "out_of_range",
+                    slot,
+                    "expected an integer within the uint64 range "
+                    f"[0, 18446744073709551615], found {shown}",
+                    token,
+                )
         elif not -(2**63) <= value <= 2**63 - 1:
-            raise _Bad("out_of_range", slot,
-                       "expected an integer within the int64 range "
-                       f"[-9223372036854775808, 9223372036854775807], found {shown}",
-                       token)
+            raise _Bad(
+                "out_of_range",
+                slot,
+                "expected an integer within the int64 range "
+                f"[-9223372036854775808, 9223372036854775807], found {shown}",
+                token,
+            )
         return value
     if FLOAT_TOKEN.fullmatch(token):
-        raise _Bad("float_in_integer_slot", slot,
-                   f"expected an integer ({slot.dtype} slots do not take floats), "
-                   f"found {shown}", token)
+        raise _Bad(
+            "float_in_integer_slot",
+            slot,
+            f"expected an integer ({slot.dtype} slots do not take floats), "
+            f"found {shown}",
+            token,
+        )
     expected = "an unsigned integer" if slot.dtype == "uint64" else "an integer"
     raise _Bad("not_a_number", slot, f"expected {expected}, found {shown}", token)
 
@@ -118,39 +139,60 @@ def _record(schema: SlotSchema, line: bytes) -> tuple[tuple[int, ...], ...]:
     at = 0
     for index, slot in enumerate(schema):
         if at == len(tokens):
-            raise _Bad("missing_slot", slot,
-                       "expected a value count, found the end of the line "
-                       f"(after {index} of {len(schema)} slots)", None)
+            raise _Bad(
+                "missing_slot",
+                slot,
+                "expected a value count, found the end of the line "
+                f"(after {index} of {len(schema)} slots)",
+                None,
+            )
         count_token = tokens[at]
         at += 1
         shown = _shown(count_token)
         if not INT_TOKEN.fullmatch(count_token):
-            raise _Bad("bad_count", slot,
-                       f"expected a value count (an integer >= 1), found {shown}",
-                       count_token)
+            raise _Bad(
+                "bad_count",
+                slot,
+                f"expected a value count (an integer >= 1), found {shown}",
+                count_token,
+            )
         count = int(count_token)
         if count <= 0:
-            raise _Bad("count_not_positive", slot,
-                       "expected a value count >= 1 (pad empty slots in the "
-                       f"generator), found {shown}", count_token)
+            raise _Bad(
+                "count_not_positive",
+                slot,
+                "expected a value count >= 1 (pad empty slots in the "
+                f"generator), found {shown}",
+                count_token,
+            )
         if slot.is_dense and count != slot.width:
-            raise _Bad("dense_count_mismatch", slot,
-                       f"expected a value count of {slot.width} (a dense slot of "
-                       f"shape {slot.shape}), found {shown}", count_token)
+            raise _Bad(
+                "dense_count_mismatch",
+                slot,
+                f"expected a value count of {slot.width} (a dense slot of "
+                f"shape {slot.shape}), found {shown}",
+                count_token,
+            )
         values = []
         for found in range(count):
             if at == len(tokens):
-                raise _Bad("too_few_values", slot,
-                           f"expected {count} values, found the end of the line "
-                           f"after {found}", None)
+                raise _Bad(
+                    "too_few_values",
+                    slot,
+                    f"expected {count} values, found the end of the line after {found}",
+                    None,
+                )
             values.append(_value(slot, tokens[at]))
             at += 1
         record.append(tuple(values))
     if at < len(tokens):
-        raise _Bad("trailing_tokens", None,
-                   "expected the end of the line after the last slot "
-                   f"{schema[len(schema) - 1].name!r}, found {_shown(tokens[at])}",
-                   tokens[at])
+        raise _Bad(
+            "trailing_tokens",
+            None,
+            "expected the end of the line after the last slot "
+            f"{schema[len(schema) - 1].name!r}, found {_shown(tokens[at])}",
+            tokens[at],
+        )
     return tuple(record)
 
 
@@ -175,10 +217,14 @@ def parse(
     for number, raw in enumerate(lines, start=1):
         try:
             if len(raw) > max_line_bytes:
-                start = raw[:min(TOKEN_SHOWN, max_line_bytes + 1)]
-                raise _Bad("line_too_long", None,
-                           f"expected a line of at most {max_line_bytes} bytes, "
-                           f"found a longer line starting {start!r}", start)
+                start = raw[: min(TOKEN_SHOWN, max_line_bytes + 1)]
+                raise _Bad(
+                    "line_too_long",
+                    None,
+                    f"expected a line of at most {max_line_bytes} bytes, "
+                    f"found a longer line starting {start!r}",
+                    start,
+                )
             line = raw[:-1] if raw.endswith(b"\r") else raw
             record = _record(schema, line)
         except _Bad as bad:
@@ -186,9 +232,13 @@ def parse(
             if bad.slot is not None:
                 where += f", slot {bad.slot.name!r}"
             token = None if bad.token is None else bad.token[:TOKEN_SHOWN]
-            error = ParseError(f"{where}: {bad.what}", source=source, line=number,
-                               slot=None if bad.slot is None else bad.slot.name,
-                               token=token)
+            error = ParseError(
+                f"{where}: {bad.what}",
+                source=source,
+                line=number,
+                slot=None if bad.slot is None else bad.slot.name,
+                token=token,
+            )
             if not skip_bad_lines:
                 raise error from None
             result.lines += 1

@@ -446,3 +446,29 @@ def test_no_progress_bar_when_disabled(tmp_path, capsys):
     ds.set_filelist(write_small_files(tmp_path, files=2, per_file=5))
     ds.load_into_memory()
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["cat", "cat | cat"])
+def test_a_line_longer_than_the_read_buffer(tmp_path, command):
+    # 1.2 M ids on one line: ~9 MB, more than the 4 MiB read buffer.
+    ids = list(range(1_200_000))
+    path = tmp_path / "long.txt"
+    path.write_text(f"{len(ids)} " + " ".join(map(str, ids)) + "\n1 7\n")
+    ds = InMemoryDataset()
+    ds.init(batch_size=2, use_var=[Slot("ids", "uint64")], pipe_command=command, progress=False)
+    ds.set_filelist([str(path)])
+    ds.load_into_memory()
+    (batch,) = list(ds)
+    assert batch["ids"].lengths.tolist() == [len(ids), 1]
+    assert batch["ids"].values[-2:].tolist() == [len(ids) - 1, 7]
+
+
+def test_a_line_over_max_line_bytes_is_a_parse_error(tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text("3 1 2 3\n" + "1 " + "9" * 5000 + "\n")
+    ds = InMemoryDataset()
+    ds.init(use_var=[Slot("ids", "uint64")], max_line_bytes=1000, progress=False)
+    ds.set_filelist([str(path)])
+    with pytest.raises(ParseError, match="line 2") as info:
+        ds.load_into_memory()
+    assert "1000" in str(info.value)
