@@ -1,0 +1,305 @@
+"""SparseEmbedding in local mode, the hash index and sparse tables, and the
+sparse optimizers against torch's dense ones."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from datafeed import Ragged
+from trainer.nn import SparseEmbedding
+from trainer.ps import ParameterServerRuntime, load_local, sparse
+from trainer.ps.optim import OptimizerSpec
+from trainer.ps.table import IdIndex, SparseTable, as_u64, shard_of
+from trainer.role import ClusterRole
+
+_names = itertools.count()
+
+
+def fresh(prefix: str = "t") -> str:
+    """A table name no other test uses (tables are process-wide)."""
+    return f"{prefix}{next(_names)}"
+
+
+@pytest.fixture(autouse=True)
+def clean_local_tables():
+    yield
+    sparse.local_store().clear()
+    sparse.clear_pending()
+
+
+# -- the hash index ------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=3000), st.integers(1, 5))
+def test_index_matches_a_dict(ids, batches):
+    index = IdIndex()
+    expected: dict[int, int] = {}
+    keys = np.array(ids, dtype=np.uint64)
+    for part in np.array_split(keys, batches):
+        new = part[index.lookup(part) < 0]
+        rows = index.insert_new(new)
+        expected.update(zip(new.tolist(), rows.tolist()))
+    assert index.size == len(expected)
+    assert index.lookup(keys).tolist() == [expected[k] for k in keys.tolist()]
+    absent = np.array([k for k in range(50) if k not in expected], dtype=np.uint64)
+    assert (index.lookup(absent) == -1).all()
+    assert index.ids_in_row_order().tolist() == sorted(expected, key=expected.get)
+
+
+def test_index_grows_and_keeps_rows():
+    index = IdIndex()
+    ids = np.arange(1, 20_001, dtype=np.uint64) * np.uint64(0x10000000001)
+    for part in np.array_split(ids, 7):
+        index.insert_new(part)
+    assert index.capacity >= 2 * ids.size
+    assert (index.lookup(ids) == np.arange(ids.size)).all()
+
+
+def test_sharding_is_a_stable_partition():
+    ids = as_u64(torch.arange(-5000, 5000))
+    owners = shard_of(ids, 3)
+    assert set(owners.tolist()) == {0, 1, 2}
+    counts = np.bincount(owners)
+    assert counts.min() > 0.25 * ids.size
+    assert (shard_of(ids, 3) == owners).all()
+    assert (shard_of(ids, 1) == 0).all()
+
+
+# -- tables ------------------------------------------------------------------------
+
+
+def test_new_rows_are_a_function_of_seed_name_and_id():
+    ids = torch.tensor([1, 2**40, -1, 7])
+    a = SparseTable("emb", 6, OptimizerSpec("sgd"), seed=3).pull(ids)
+    b = SparseTable("emb", 6, OptimizerSpec("adam"), seed=3).pull(ids.flip(0)).flip(0)
+    assert torch.equal(a, b)
+    assert a.abs().max() <= 0.01 and a.std() > 0.001
+    assert not torch.equal(a, SparseTable("emb", 6, OptimizerSpec("sgd"), seed=4).pull(ids))
+    assert not torch.equal(a, SparseTable("other", 6, OptimizerSpec("sgd"), seed=3).pull(ids))
+
+
+def test_pull_without_create_leaves_the_table_unchanged():
+    table = SparseTable("t", 3, OptimizerSpec("sgd", {"lr": 1.0}))
+    table.push(torch.tensor([5]), torch.ones(1, 3))
+    out = table.pull(torch.tensor([5, 6]), create=False)
+    assert len(table) == 1
+    assert torch.allclose(out[1], torch.from_numpy(table.init_rows(as_u64(torch.tensor([6]))))[0])
+
+
+OPTIMIZERS = [
+    (torch.optim.SGD, {"lr": 0.3}),
+    (torch.optim.SGD, {"lr": 0.1, "weight_decay": 0.01}),
+    (torch.optim.Adagrad, {"lr": 0.2}),
+    (torch.optim.Adagrad, {"lr": 0.2, "initial_accumulator_value": 0.1, "eps": 1e-6}),
+    (torch.optim.Adam, {"lr": 0.05}),
+    (torch.optim.Adam, {"lr": 0.05, "betas": (0.8, 0.9), "weight_decay": 0.01}),
+    (torch.optim.AdamW, {"lr": 0.05}),
+]
+
+
+@pytest.mark.parametrize(("cls", "hyper"), OPTIMIZERS)
+def test_table_optimizer_matches_torch_dense(cls, hyper):
+    """Every row touched every step: the sparse update equals torch's dense one."""
+    dim, n = 5, 40
+    ids = torch.randint(-(2**62), 2**62, (n,), generator=torch.Generator().manual_seed(1)).unique()
+    reference = nn.Parameter(torch.zeros(ids.numel(), dim))
+    dense_opt = cls([reference], **hyper)
+    table = SparseTable("t", dim, OptimizerSpec.from_torch(dense_opt))
+    with torch.no_grad():
+        reference.copy_(table.pull(ids))
+    g = torch.Generator().manual_seed(2)
+    for _ in range(6):
+        grad = torch.randn(ids.numel(), dim, generator=g)
+        reference.grad = grad.clone()
+        dense_opt.step()
+        perm = torch.randperm(ids.numel(), generator=g)
+        table.push(ids[perm], grad[perm])
+    torch.testing.assert_close(table.pull(ids), reference.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_adam_is_lazy_per_row():
+    table = SparseTable("t", 2, OptimizerSpec("adam", {"lr": 0.1}))
+    before = table.pull(torch.tensor([1, 2])).clone()
+    for _ in range(3):
+        table.push(torch.tensor([1]), torch.ones(1, 2))
+    table.push(torch.tensor([2]), torch.ones(1, 2))
+    after = table.pull(torch.tensor([1, 2]))
+    # Row 2's first step has full bias correction: exactly lr * sign(grad).
+    torch.testing.assert_close(after[1], before[1] - 0.1, rtol=0, atol=1e-6)
+    state = table.state_dict()
+    assert state["state.step"].tolist() == [3.0, 1.0]
+
+
+def test_unsupported_optimizers_are_rejected():
+    p = [nn.Parameter(torch.zeros(1))]
+    with pytest.raises(ValueError, match="momentum=0.9"):
+        OptimizerSpec.from_torch(torch.optim.SGD(p, lr=0.1, momentum=0.9))
+    with pytest.raises(ValueError, match="RMSprop"):
+        OptimizerSpec.from_torch(torch.optim.RMSprop(p))
+    with pytest.raises(ValueError, match="no setting"):
+        OptimizerSpec.from_config({"type": "sgd", "lr": 0.1, "betas": (0.9, 0.9)})
+    with pytest.raises(ValueError, match="'type'"):
+        SparseEmbedding(4, fresh(), optimizer={"lr": 0.1})
+
+
+# -- the module --------------------------------------------------------------------
+
+
+def test_forward_pools_ragged_records():
+    emb = SparseEmbedding(3, fresh())
+    mean = SparseEmbedding(3, emb.name, mode="mean")  # shares the table
+    x = Ragged(torch.tensor([10, 11, 11, -3, 2**62]), torch.tensor([0, 3, 3, 5]))
+    rows = emb(torch.tensor([10, 11, -3, 2**62]))
+    out = emb(x)
+    assert out.shape == (3, 3)
+    torch.testing.assert_close(out[0], rows[0] + 2 * rows[1])
+    torch.testing.assert_close(out[1], torch.zeros(3))
+    torch.testing.assert_close(out[2], rows[2] + rows[3])
+    torch.testing.assert_close(mean(x)[0], (rows[0] + 2 * rows[1]) / 3)
+    assert emb(torch.tensor([[1, 2, 3], [4, 5, 6]])).shape == (2, 3, 3)
+
+
+def test_shared_name_needs_the_same_settings():
+    emb = SparseEmbedding(3, fresh())
+    with pytest.raises(ValueError, match="same settings"):
+        SparseEmbedding(4, emb.name)
+
+
+def test_eval_mode_creates_no_rows():
+    emb = SparseEmbedding(2, fresh())
+    emb.eval()
+    emb(torch.tensor([1, 2, 3]))
+    assert len(sparse.local_store().tables[emb.name]) == 0
+    emb.train()
+    emb(torch.tensor([1, 2, 3]))
+    assert len(sparse.local_store().tables[emb.name]) == 3
+
+
+class TinyModel(nn.Module):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.emb = SparseEmbedding(4, prefix + "emb")
+        self.wide = SparseEmbedding(1, prefix + "wide", optimizer={"type": "adagrad", "lr": 0.1})
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x: Ragged) -> torch.Tensor:
+        return (self.out(self.emb(x)) + self.wide(x)).squeeze(1)
+
+
+def synthetic(n: int, seed: int, vocab: int = 300) -> list[tuple[Ragged, torch.Tensor]]:
+    """Batches of 50 records of 1-4 ids with a label from hidden per-id weights."""
+    rng = np.random.default_rng(1234)
+    keys = rng.integers(-(2**63), 2**63 - 1, vocab, dtype=np.int64)
+    weights = rng.normal(0, 1.5, vocab)
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(n // 50):
+        lengths = rng.integers(1, 5, 50)
+        picks = rng.integers(0, vocab, lengths.sum())
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        logit = np.add.reduceat(weights[picks], offsets[:-1])
+        label = (rng.random(50) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+        batches.append(
+            (Ragged(torch.from_numpy(keys[picks]), torch.from_numpy(offsets)), torch.from_numpy(label))
+        )
+    return batches
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    pos = labels > 0.5
+    return float((ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * (~pos).sum()))
+
+
+def evaluate(model: nn.Module, batches) -> float:
+    model.eval()
+    with torch.no_grad():
+        scores = torch.cat([model(x) for x, _ in batches]).numpy()
+    model.train()
+    return auc(scores, torch.cat([y for _, y in batches]).numpy())
+
+
+def test_local_runtime_trains_saves_and_loads(tmp_path):
+    torch.manual_seed(0)
+    prefix = fresh("local")
+    model = TinyModel(prefix)
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    opt = runtime.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=0.05))
+    runtime.init_worker()  # a no-op in local mode
+    train, test = synthetic(3000, seed=1), synthetic(1000, seed=2)
+    before = evaluate(model, test)
+    for _ in range(2):
+        for x, y in train:
+            loss = nn.functional.binary_cross_entropy_with_logits(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    after = evaluate(model, test)
+    assert after > 0.8 > before + 0.1
+    tables = sparse.local_store().tables
+    assert tables[prefix + "emb"].optimizer.kind == "adam"
+    assert tables[prefix + "wide"].optimizer.describe().startswith("adagrad(")
+
+    runtime.save_persistables(str(tmp_path / "ckpt"))
+    runtime.save_persistables(str(tmp_path / "ckpt"))  # overwrite in place
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "dense.shard0.pt", "meta.json", f"sparse.{prefix}emb.shard0.pt", f"sparse.{prefix}wide.shard0.pt",
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no staging left
+    saved = torch.load(tmp_path / "ckpt" / f"sparse.{prefix}emb.shard0.pt", weights_only=True)
+    assert saved["weights"].shape == (len(tables[prefix + "emb"]), 4)
+
+    sparse.local_store().clear()
+    fresh_model = TinyModel(prefix)
+    assert evaluate(fresh_model, test) < 0.7
+    load_local(fresh_model, str(tmp_path / "ckpt"))
+    assert evaluate(fresh_model, test) == pytest.approx(after, abs=1e-9)
+
+
+class WideModel(nn.Module):
+    """Sparse rows and a bias only: torch's autograd rejects dense weights that
+    another thread's step changed in place between forward and backward."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.wide = SparseEmbedding(1, prefix + "wide")
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: Ragged) -> torch.Tensor:
+        return self.wide(x).squeeze(1) + self.bias
+
+
+def test_hogwild_threads_push_their_own_pulls():
+    model = WideModel(fresh("hog"))
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    opt = runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    batches = synthetic(3000, seed=3)
+    errors = []
+
+    def train(part):
+        try:
+            for x, y in part:
+                nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=train, args=(batches[i::2],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert evaluate(model, synthetic(1000, seed=4)) > 0.75

@@ -1,0 +1,113 @@
+"""Layers for sparse (feature-id) inputs.
+
+``SparseEmbedding`` is an embedding keyed by arbitrary 64-bit feature ids, with
+no vocabulary size: a row is created the first time training sees its id. Its
+rows are not torch parameters: they live in a table (in this process, or on the
+parameter servers in a PS job, see ``trainer.ps``), and the optimizer returned
+by ``fleet.distributed_optimizer`` pushes their gradients on ``step()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ps import sparse
+from .ps.sparse import DEFAULT_INIT_SCALE, TableConfig
+
+__all__ = ["SparseEmbedding"]
+
+
+class SparseEmbedding(nn.Module):
+    """Embedding rows keyed by 64-bit ids (uint64 bits carried in int64 tensors).
+
+    Args:
+        dim: width of a row.
+        name: the table's name. Modules with the same name share one table
+            (like a shared ``param_attr`` name in Paddle); the name keys the
+            table on the servers and in checkpoints.
+        mode: pooling of a ``Ragged`` input's values per record, ``"sum"`` or
+            ``"mean"`` (an empty record pools to zeros).
+        optimizer: this table's own optimizer, e.g. ``{"type": "adagrad",
+            "lr": 0.05}`` (types: sgd, adagrad, adam, adamw); by default the
+            table uses the torch optimizer given to ``fleet.distributed_optimizer``.
+        init_scale: a new row is uniform in ``[-init_scale, init_scale)``.
+        seed: with the table name and the id, determines a new row's values, so
+            every process and server agrees on them.
+
+    Input: a ``datafeed.Ragged`` (a sparse slot of a batch) -> ``[size, dim]``,
+    pooled per record; or an int64 tensor of ids -> ``ids.shape + (dim,)``.
+
+    In training mode (``module.train()`` and grad enabled) a forward creates the
+    rows it has not seen and records them so that the distributed optimizer's
+    ``step()`` pushes their gradients. In eval mode unseen ids read as their
+    initial values and nothing is created.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        name: str,
+        mode: str = "sum",
+        *,
+        optimizer: Mapping[str, Any] | None = None,
+        init_scale: float = DEFAULT_INIT_SCALE,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"SparseEmbedding dim must be an int >= 1, got {dim!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"SparseEmbedding name must be a non-empty str, got {name!r}")
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"SparseEmbedding mode must be 'sum' or 'mean', got {mode!r}")
+        if optimizer is not None:
+            # Fail now, not on the first push.
+            from .ps.optim import OptimizerSpec
+
+            OptimizerSpec.from_config(optimizer)
+        self.dim = dim
+        self.name = name
+        self.mode = mode
+        self.config = TableConfig(
+            name, dim, int(seed), float(init_scale), None if optimizer is None else dict(optimizer)
+        )
+        sparse.register(self, self.config)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, name={self.name!r}, mode={self.mode!r}"
+
+    def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of the distinct ids and each id's position among them."""
+        if ids.dtype not in (torch.int64, torch.uint64):
+            raise TypeError(
+                f"SparseEmbedding '{self.name}' expects int64 feature ids, got {ids.dtype}"
+            )
+        if ids.dtype == torch.uint64:
+            ids = ids.view(torch.int64)
+        unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        training = self.training and torch.is_grad_enabled()
+        rows = sparse.current_store().pull(self.config, unique, training)
+        if training:
+            rows.requires_grad_(True)
+            sparse.record(self.name, unique, rows)
+        return rows, inverse
+
+    def forward(self, x: Any) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            rows, inverse = self._rows(x)
+            return F.embedding(inverse.view(x.shape), rows)
+        values, offsets = getattr(x, "values", None), getattr(x, "offsets", None)
+        if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
+            raise TypeError(
+                f"SparseEmbedding '{self.name}' expects a Ragged (values, offsets) or "
+                f"an int64 tensor, got {type(x).__name__}"
+            )
+        rows, inverse = self._rows(values)
+        return F.embedding_bag(
+            inverse, rows, offsets.to(torch.int64), mode=self.mode, include_last_offset=True
+        )

@@ -1,0 +1,314 @@
+"""A parameter server: its shard of every sparse table, its dense parameters,
+and the RPC handlers workers call.
+
+Sparse rows are sharded by id (``table.shard_of``); dense parameters by their
+index in the optimizer's parameter list (index mod server_num). The handlers are
+module-level functions (RPC sends them by name); each checks the job secret and
+works on the process's one ``ParameterServer``.
+
+Modes:
+  async  a push is applied when it arrives;
+  sync   pushes wait until every active worker pushed its step; the averaged
+         gradients are applied once and every push returns the new values;
+  geo    workers push deltas of their local rows/params every k steps; the server
+         adds delta / worker_num (Paddle's GEO-SGD) and returns the new values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.distributed import rpc
+from torch.futures import Future
+
+from . import checkpoint
+from .table import SparseTable, as_u64, shard_of
+from .transport import check_secret
+
+log = logging.getLogger(__name__)
+
+SparsePart = Mapping[str, tuple[torch.Tensor, torch.Tensor]]  # table -> (ids int64, values)
+DensePart = Mapping[int, torch.Tensor]  # dense index -> values
+
+
+class ParameterServer:
+    """Server ``index`` of ``server_num``: the state behind the RPC handlers."""
+
+    def __init__(
+        self,
+        index: int,
+        server_num: int,
+        worker_num: int,
+        mode: str,
+        tables: Mapping[str, SparseTable],
+        dense: Sequence[torch.Tensor],
+        dense_optimizer: torch.optim.Optimizer | None,
+    ) -> None:
+        self.index = index
+        self.server_num = server_num
+        self.worker_num = worker_num
+        self.mode = mode
+        self.tables = dict(tables)
+        self.dense = list(dense)
+        self.owned = [i for i in range(len(self.dense)) if i % server_num == index]
+        self.dense_optimizer = dense_optimizer
+        self._dense_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._active = set(range(worker_num))
+        self.all_done = threading.Event()
+        if worker_num == 0:
+            self.all_done.set()
+        self._round: list[tuple[int, SparsePart, DensePart, Future]] = []
+        self._barrier: dict[int, Future] = {}
+
+    # -- description -----------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "server_num": self.server_num,
+            "worker_num": self.worker_num,
+            "mode": self.mode,
+            "tables": {n: [t.dim, t.optimizer.kind] for n, t in sorted(self.tables.items())},
+            "dense": [list(p.shape) for p in self.dense],
+        }
+
+    def table(self, name: str) -> SparseTable:
+        table = self.tables.get(name)
+        if table is None:
+            raise KeyError(
+                f"server {self.index} has no sparse table {name!r}; it has "
+                f"{sorted(self.tables)} (does every role build the same model?)"
+            )
+        return table
+
+    # -- dense -------------------------------------------------------------------
+
+    def dense_values(self) -> dict[int, torch.Tensor]:
+        with self._dense_lock:
+            return {i: self.dense[i].detach().clone() for i in self.owned}
+
+    def apply_dense(self, grads: DensePart) -> None:
+        if not grads:
+            return
+        if self.dense_optimizer is None:
+            raise ValueError("server has dense gradients but no optimizer")
+        with self._dense_lock:
+            for i, grad in grads.items():
+                self.dense[i].grad = grad.to(self.dense[i].dtype).view_as(self.dense[i])
+            self.dense_optimizer.step()
+            for i in grads:
+                self.dense[i].grad = None
+
+    def add_dense(self, deltas: DensePart, scale: float) -> None:
+        with self._dense_lock, torch.no_grad():
+            for i, delta in deltas.items():
+                self.dense[i].add_(delta.view_as(self.dense[i]), alpha=scale)
+
+    # -- pushes ------------------------------------------------------------------
+
+    def push(self, sparse: SparsePart, dense: DensePart) -> dict[int, torch.Tensor]:
+        for name, (ids, grads) in sparse.items():
+            self.table(name).push(ids, grads)
+        self.apply_dense(dense)
+        return self.dense_values()
+
+    def push_sync(self, worker: int, sparse: SparsePart, dense: DensePart) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if any(w == worker for w, *_ in self._round):
+                future.set_exception(
+                    ValueError(f"worker {worker} pushed twice in one synchronous step")
+                )
+                return future
+            self._round.append((worker, sparse, dense, future))
+            ready = self._take_round_if_complete()
+        if ready:
+            self._apply_round(ready)
+        return future
+
+    def _take_round_if_complete(self) -> list:
+        # Caller holds self._lock.
+        if self._round and len(self._round) >= len(self._active):
+            ready, self._round = self._round, []
+            return ready
+        return []
+
+    def _apply_round(self, ready: list) -> None:
+        n = len(ready)
+        try:
+            merged_sparse: dict[str, tuple[list, list]] = {}
+            merged_dense: dict[int, torch.Tensor] = {}
+            for _, sparse, dense, _ in ready:
+                for name, (ids, grads) in sparse.items():
+                    parts = merged_sparse.setdefault(name, ([], []))
+                    parts[0].append(ids)
+                    parts[1].append(grads)
+                for i, grad in dense.items():
+                    merged_dense[i] = merged_dense[i] + grad if i in merged_dense else grad.clone()
+            for name, (id_parts, grad_parts) in merged_sparse.items():
+                ids, inverse = torch.unique(torch.cat(id_parts), return_inverse=True)
+                grads = torch.cat(grad_parts)
+                total = torch.zeros(ids.shape[0], grads.shape[1], dtype=torch.float32)
+                total.index_add_(0, inverse, grads.to(torch.float32))
+                self.table(name).push(ids, total / n)
+            self.apply_dense({i: g / n for i, g in merged_dense.items()})
+            values = self.dense_values()
+        except Exception as err:  # noqa: BLE001 - handed to every waiting worker
+            for *_, future in ready:
+                future.set_exception(err)
+            return
+        for *_, future in ready:
+            future.set_result(values)
+
+    def geo_push(self, sparse: SparsePart, dense: DensePart) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+        scale = 1.0 / max(1, self.worker_num)
+        rows = {name: self.table(name).add(ids, deltas * scale) for name, (ids, deltas) in sparse.items()}
+        self.add_dense(dense, scale)
+        return rows, self.dense_values()
+
+    # -- membership -------------------------------------------------------------
+
+    def worker_done(self, worker: int) -> None:
+        with self._lock:
+            self._active.discard(worker)
+            ready = self._take_round_if_complete()
+            barrier = self._take_barrier_if_complete()
+            if not self._active:
+                self.all_done.set()
+        if ready:
+            self._apply_round(ready)
+        for future in barrier:
+            future.set_result(None)
+
+    def barrier(self, worker: int) -> Future:
+        future: Future = Future()
+        with self._lock:
+            self._barrier[worker] = future
+            ready = self._take_barrier_if_complete()
+        for f in ready:
+            f.set_result(None)
+        return future
+
+    def _take_barrier_if_complete(self) -> list[Future]:
+        if self._barrier and set(self._barrier) >= self._active:
+            ready, self._barrier = list(self._barrier.values()), {}
+            return ready
+        return []
+
+    # -- persistence -------------------------------------------------------------
+
+    def save(self, dirname: str) -> None:
+        for name, table in self.tables.items():
+            checkpoint.save_file(table.state_dict(), checkpoint.sparse_file(dirname, name, self.index))
+        with self._dense_lock:
+            state = {
+                "indices": torch.tensor(self.owned, dtype=torch.int64),
+                "params": [self.dense[i].detach().clone() for i in self.owned],
+                "optimizer": None if self.dense_optimizer is None else self.dense_optimizer.state_dict(),
+            }
+        checkpoint.save_file(state, checkpoint.dense_file(dirname, self.index))
+
+    def load(self, dirname: str) -> None:
+        meta = checkpoint.read_meta(dirname)
+        checkpoint.check_dense_shapes(meta, self.dense, dirname)
+        for name, table in self.tables.items():
+            for shard in checkpoint.sparse_shards(dirname, name):
+                keep = shard_of(as_u64(shard["ids"].numpy()), self.server_num) == self.index
+                table.load_state_dict(shard, keep=keep)
+        values = checkpoint.dense_values(dirname)
+        with self._dense_lock, torch.no_grad():
+            for i in self.owned:
+                self.dense[i].copy_(values[i])
+            # The dense optimizer's state is restored where the checkpoint was
+            # written by the same number of servers (same ownership).
+            if self.dense_optimizer is not None and meta.get("server_num") == self.server_num:
+                states = checkpoint.dense_optimizer_states(dirname)
+                if self.index < len(states):
+                    try:
+                        self.dense_optimizer.load_state_dict(states[self.index])
+                    except (ValueError, KeyError) as err:
+                        log.warning("server %d: dense optimizer state not restored: %s", self.index, err)
+        log.info("server %d loaded %s", self.index, dirname)
+
+
+_server: ParameterServer | None = None
+
+
+def install(server: ParameterServer | None) -> None:
+    global _server
+    _server = server
+
+
+def _current() -> ParameterServer:
+    if _server is None:
+        raise ValueError(f"process {os.getpid()} is not serving: init_server() was not called")
+    return _server
+
+
+# -- RPC handlers (called by workers; the first argument is the job secret) ---------
+
+
+def describe(secret: str | None) -> dict[str, Any]:
+    check_secret(secret)
+    return _current().describe()
+
+
+def pull_sparse(secret: str | None, name: str, ids: torch.Tensor, create: bool) -> torch.Tensor:
+    check_secret(secret)
+    return _current().table(name).pull(ids, create=create)
+
+
+def pull_dense(secret: str | None) -> dict[int, torch.Tensor]:
+    check_secret(secret)
+    return _current().dense_values()
+
+
+def push(secret: str | None, worker: int, sparse: SparsePart, dense: DensePart) -> dict[int, torch.Tensor]:
+    check_secret(secret)
+    return _current().push(sparse, dense)
+
+
+@rpc.functions.async_execution
+def push_sync(secret: str | None, worker: int, sparse: SparsePart, dense: DensePart) -> Future:
+    check_secret(secret)
+    return _current().push_sync(worker, sparse, dense)
+
+
+def geo_push(secret: str | None, worker: int, sparse: SparsePart, dense: DensePart) -> tuple:
+    check_secret(secret)
+    return _current().geo_push(sparse, dense)
+
+
+def worker_done(secret: str | None, worker: int) -> None:
+    check_secret(secret)
+    _current().worker_done(worker)
+
+
+@rpc.functions.async_execution
+def barrier(secret: str | None, worker: int) -> Future:
+    check_secret(secret)
+    return _current().barrier(worker)
+
+
+def save(secret: str | None, dirname: str) -> None:
+    check_secret(secret)
+    _current().save(dirname)
+
+
+def load(secret: str | None, dirname: str) -> None:
+    check_secret(secret)
+    _current().load(dirname)
+
+
+def table_size(secret: str | None, name: str) -> int:
+    check_secret(secret)
+    return len(_current().table(name))
+
+
+__all__ = ["ParameterServer", "install"]

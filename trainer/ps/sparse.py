@@ -1,0 +1,227 @@
+"""Where ``SparseEmbedding`` rows come from, and where their gradients go.
+
+Three pieces, shared by the local mode and the parameter-server runtime:
+
+* the registry of live ``SparseEmbedding`` modules by table name: how a runtime
+  learns each table's dim and settings from the model the script built;
+* the row store a forward pulls from: ``LocalStore`` (in-process tables) unless
+  a runtime installed another one (``install_store``);
+* the pending pulls of this thread: each training forward records the unique ids
+  it pulled and the leaf tensor of their rows; the distributed optimizer's
+  ``step()`` collects their gradients (``take_gradients``) and pushes them.
+  Pending pulls are per thread, so Hogwild trainer threads sharing one model
+  each push what they pulled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from .optim import OptimizerSpec
+from .table import SparseTable, as_u64
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INIT_SCALE = 0.01
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """What every process must agree on about one sparse table."""
+
+    name: str
+    dim: int
+    seed: int
+    init_scale: float
+    optimizer: Mapping[str, Any] | None  # the table's own override, if any
+
+    def spec(self, default: OptimizerSpec | None) -> OptimizerSpec:
+        """The table's optimizer: its override, else ``default``, else SGD(lr=0.01)."""
+        if self.optimizer is not None:
+            return OptimizerSpec.from_config(self.optimizer)
+        if default is not None:
+            return default
+        return OptimizerSpec("sgd", {"lr": 0.01})
+
+    def make_table(self, default: OptimizerSpec | None) -> SparseTable:
+        return SparseTable(self.name, self.dim, self.spec(default), self.seed, self.init_scale)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "seed": self.seed,
+            "init_scale": self.init_scale,
+            "optimizer": None if self.optimizer is None else dict(self.optimizer),
+        }
+
+
+# -- registry ---------------------------------------------------------------
+
+_registry_lock = threading.Lock()
+_modules: dict[str, weakref.WeakSet] = {}
+_configs: dict[str, TableConfig] = {}
+
+
+def register(module: Any, config: TableConfig) -> None:
+    """Adds a live SparseEmbedding; modules sharing a name share one table.
+
+    Raises:
+        ValueError: a live module already uses the name with another dim/settings.
+    """
+    with _registry_lock:
+        live = _modules.get(config.name)
+        if live is not None and len(live) and _configs[config.name] != config:
+            old = _configs[config.name]
+            raise ValueError(
+                f"SparseEmbedding '{config.name}' already exists with "
+                f"dim={old.dim}, seed={old.seed}, init_scale={old.init_scale}, "
+                f"optimizer={old.optimizer}; a module sharing its table must use the "
+                f"same settings, got dim={config.dim}, seed={config.seed}, "
+                f"init_scale={config.init_scale}, optimizer={config.optimizer}"
+            )
+        _modules.setdefault(config.name, weakref.WeakSet()).add(module)
+        _configs[config.name] = config
+
+
+def table_configs() -> dict[str, TableConfig]:
+    """Configs of the tables of every live SparseEmbedding, by name (sorted)."""
+    with _registry_lock:
+        return {
+            name: _configs[name] for name in sorted(_modules) if len(_modules[name])
+        }
+
+
+# -- stores -----------------------------------------------------------------
+
+
+class RowStore(Protocol):
+    def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
+        """Rows [len(ids), dim] of distinct int64 ``ids``."""
+        ...
+
+
+class LocalStore:
+    """In-process tables (the non-distributed mode), created on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.tables: dict[str, SparseTable] = {}
+        self.default_optimizer: OptimizerSpec | None = None
+
+    def table(self, config: TableConfig) -> SparseTable:
+        with self._lock:
+            table = self.tables.get(config.name)
+            # A table left by a module that no longer exists, with other settings.
+            if table is not None and (table.dim, table.seed, table.init_scale) != (
+                config.dim, config.seed, config.init_scale
+            ):
+                table = None
+            if table is None:
+                table = config.make_table(self.default_optimizer)
+                self.tables[config.name] = table
+            return table
+
+    def set_default_optimizer(self, spec: OptimizerSpec) -> None:
+        """The optimizer of tables without their own: resets their state."""
+        with self._lock:
+            self.default_optimizer = spec
+            for name, table in self.tables.items():
+                config = _configs.get(name)
+                if config is None or config.optimizer is None:
+                    table.set_optimizer(spec)
+
+    def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
+        return self.table(config).pull(ids, create=training)
+
+    def push(self, gradients: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
+        for name, (ids, grads) in gradients.items():
+            self.tables[name].push(ids, grads)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.tables.clear()
+
+
+_local_store = LocalStore()
+_store: RowStore = _local_store
+
+
+def local_store() -> LocalStore:
+    """The process's in-process tables."""
+    return _local_store
+
+
+def install_store(store: RowStore | None) -> None:
+    """Makes every SparseEmbedding pull from ``store`` (None: back to local tables)."""
+    global _store
+    _store = _local_store if store is None else store
+
+
+def current_store() -> RowStore:
+    return _store
+
+
+# -- pending pulls (per thread) ---------------------------------------------
+
+_pending = threading.local()
+
+# A forward that nobody pushes (training without the distributed optimizer)
+# must not grow memory without bound.
+_MAX_PENDING = 4096
+
+
+def record(name: str, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    """Remembers a training pull: ``rows`` is the leaf whose ``.grad`` to push."""
+    items = getattr(_pending, "items", None)
+    if items is None:
+        items = _pending.items = []
+    if len(items) >= _MAX_PENDING:
+        log.warning(
+            "%d SparseEmbedding pulls were never pushed: train through "
+            "fleet.distributed_optimizer(...) so that step() updates sparse rows; "
+            "dropping the oldest",
+            len(items),
+        )
+        del items[: _MAX_PENDING // 2]
+    items.append((name, ids, rows))
+
+
+def clear_pending() -> None:
+    _pending.items = []
+
+
+def take_gradients() -> dict[str, tuple[np.ndarray, torch.Tensor]]:
+    """This thread's pending sparse gradients, merged per table: name ->
+    (distinct uint64 ids, float32 grads [n, dim]). Pulls whose rows got no
+    gradient are dropped."""
+    items = getattr(_pending, "items", None) or []
+    _pending.items = []
+    per_table: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for name, ids, rows in items:
+        if rows.grad is not None:
+            per_table.setdefault(name, []).append((ids, rows.grad))
+    out: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
+    for name, parts in per_table.items():
+        if len(parts) == 1:
+            ids, grad = parts[0]
+        else:
+            # Several forwards of one table (modules sharing it, or several
+            # forwards before a step): sum gradients of equal ids.
+            all_ids = torch.cat([p[0] for p in parts])
+            all_grads = torch.cat([p[1] for p in parts])
+            ids, inverse = torch.unique(all_ids, return_inverse=True)
+            grad = torch.zeros(ids.shape[0], all_grads.shape[1], dtype=all_grads.dtype)
+            grad.index_add_(0, inverse, all_grads)
+        out[name] = (as_u64(ids), grad.detach().to(torch.float32))
+    return out

@@ -1,0 +1,348 @@
+"""Sparse tables: rows keyed by arbitrary 64-bit ids, with optimizer state.
+
+A table keeps no Python object per row. ``IdIndex`` is an open-addressing hash
+index (linear probing) held in two numpy arrays, probed for a whole batch of ids
+at once; rows and optimizer state live in growable float32 arrays addressed by
+the row numbers the index hands out. The same class serves a parameter server's
+shard and a local (non-distributed) table.
+
+A row that was never written holds its initial value, a pure function of the
+table's seed and the id (``init_rows``), so every process and every server agrees
+on it without talking to the others, and a read-only lookup (evaluation) needs
+not create the row.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from .optim import OptimizerSpec
+
+_U64 = np.uint64
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+_MIX1 = _U64(0xBF58476D1CE4E5B9)
+_MIX2 = _U64(0x94D049BB133111EB)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over a uint64 array (wrapping arithmetic)."""
+    x = x.astype(_U64, copy=True)
+    x ^= x >> _U64(30)
+    x *= _MIX1
+    x ^= x >> _U64(27)
+    x *= _MIX2
+    x ^= x >> _U64(31)
+    return x
+
+
+def as_u64(ids: np.ndarray | torch.Tensor) -> np.ndarray:
+    """The ids' 64 bits as a uint64 numpy array (int64 tensors carry uint64 ids)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().to("cpu").numpy()
+    ids = np.ascontiguousarray(ids)
+    if ids.dtype == np.uint64:
+        return ids.reshape(-1)
+    if ids.dtype != np.int64:
+        raise TypeError(f"feature ids must be int64 or uint64, got {ids.dtype}")
+    return ids.reshape(-1).view(_U64)
+
+
+def shard_of(ids: np.ndarray, shards: int) -> np.ndarray:
+    """The server (0..shards-1) that owns each id: a hash of the id mod ``shards``."""
+    if shards == 1:
+        return np.zeros(ids.shape[0], dtype=np.int64)
+    # Shift first: the low bits of mix64 also index the servers' hash tables.
+    return ((mix64(as_u64(ids) ^ _U64(0x5EED)) >> _U64(33)) % _U64(shards)).astype(np.int64)
+
+
+def table_seed(name: str, seed: int) -> np.uint64:
+    """A 64-bit seed for one table: the global seed mixed with the table's name."""
+    base = (int(seed) & 0xFFFFFFFF) << 32 | zlib.crc32(name.encode())
+    return mix64(np.array([base], dtype=_U64))[0]
+
+
+def init_rows(ids: np.ndarray, dim: int, seed: np.uint64, scale: float) -> np.ndarray:
+    """Initial rows for ``ids``: uniform in [-scale, scale), a function of (seed, id)."""
+    ids = as_u64(ids)
+    column = (np.arange(1, dim + 1, dtype=_U64) * _GOLDEN)[None, :]
+    bits = mix64((mix64(ids ^ seed)[:, None] + column).reshape(-1)).reshape(-1, dim)
+    unit = (bits >> _U64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    return (unit * np.float32(2 * scale) - np.float32(scale)).astype(np.float32)
+
+
+class IdIndex:
+    """Open-addressing hash index: uint64 id -> row number (0, 1, 2, ... in
+    order of insertion). Probes are vectorised over a whole batch of ids.
+    """
+
+    _MIN_CAPACITY = 1024
+
+    def __init__(self, capacity: int = _MIN_CAPACITY) -> None:
+        capacity = max(self._MIN_CAPACITY, 1 << (int(capacity) - 1).bit_length())
+        self._keys = np.zeros(capacity, dtype=_U64)
+        self._rows = np.full(capacity, -1, dtype=np.int64)  # -1: empty slot
+        self.size = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._keys.shape[0]
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Row number of each id, -1 where the id is absent."""
+        ids = as_u64(ids)
+        mask = _U64(self.capacity - 1)
+        pos = (mix64(ids) & mask).astype(np.int64)
+        found = np.full(ids.shape[0], -1, dtype=np.int64)
+        active = np.arange(ids.shape[0])
+        while active.size:
+            p = pos[active]
+            rows = self._rows[p]
+            occupied = rows >= 0
+            hit = occupied & (self._keys[p] == ids[active])
+            found[active[hit]] = rows[hit]
+            active = active[occupied & ~hit]
+            pos[active] = (pos[active] + 1) & int(mask)
+        return found
+
+    def insert_new(self, ids: np.ndarray) -> np.ndarray:
+        """Adds ids known to be absent and distinct; returns their row numbers."""
+        ids = as_u64(ids)
+        n = ids.shape[0]
+        if 2 * (self.size + n) > self.capacity:
+            self._grow(self.size + n)
+        rows = np.arange(self.size, self.size + n, dtype=np.int64)
+        mask = self.capacity - 1
+        pos = (mix64(ids) & _U64(mask)).astype(np.int64)
+        active = np.arange(n)
+        while active.size:
+            p = pos[active]
+            free = self._rows[p] < 0
+            # Several new ids may probe the same free slot: the first one takes it.
+            candidates = active[free]
+            slots, first = np.unique(p[free], return_index=True)
+            winners = candidates[first]
+            self._keys[slots] = ids[winners]
+            self._rows[slots] = rows[winners]
+            placed = np.zeros(n, dtype=bool)
+            placed[winners] = True
+            active = active[~placed[active]]
+            pos[active] = (pos[active] + 1) & mask
+        self.size += n
+        return rows
+
+    def _grow(self, needed: int) -> None:
+        keys = self._keys[self._rows >= 0]
+        rows = self._rows[self._rows >= 0]
+        order = np.argsort(rows, kind="stable")
+        capacity = self.capacity
+        while 2 * needed > capacity:
+            capacity *= 2
+        self._keys = np.zeros(capacity, dtype=_U64)
+        self._rows = np.full(capacity, -1, dtype=np.int64)
+        self.size = 0
+        if keys.size:
+            self.insert_new(keys[order])
+
+    def ids_in_row_order(self) -> np.ndarray:
+        """Every id, in row-number order (uint64)."""
+        occupied = self._rows >= 0
+        out = np.empty(self.size, dtype=_U64)
+        out[self._rows[occupied]] = self._keys[occupied]
+        return out
+
+
+class SparseTable:
+    """One table (or one server's shard of it): id -> float32 row of ``dim``.
+
+    Thread-safe: every public method holds the table's lock, so RPC handler
+    threads and Hogwild trainer threads may share it.
+
+    Args:
+        name: the table's name (a ``SparseEmbedding``'s ``name``).
+        dim: row width.
+        optimizer: how pushed gradients update rows.
+        seed: the job's seed; initial rows are a function of (seed, name, id).
+        init_scale: initial rows are uniform in [-init_scale, init_scale).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        dim: int,
+        optimizer: OptimizerSpec,
+        seed: int = 0,
+        init_scale: float = 0.01,
+    ) -> None:
+        if dim < 1:
+            raise ValueError(f"table '{name}': dim must be >= 1, got {dim}")
+        self.name = name
+        self.dim = int(dim)
+        self.optimizer = optimizer
+        self.seed = int(seed)
+        self.init_scale = float(init_scale)
+        self._seed64 = table_seed(name, seed)
+        self._index = IdIndex()
+        self._lock = threading.Lock()
+        self._weights = np.zeros((0, self.dim), dtype=np.float32)
+        self._state: dict[str, np.ndarray] = {
+            key: np.zeros((0, *shape(self.dim)), dtype=dtype)
+            for key, (shape, dtype) in optimizer.state_layout().items()
+        }
+
+    def __len__(self) -> int:
+        return self._index.size
+
+    def set_optimizer(self, optimizer: OptimizerSpec) -> None:
+        """Replaces the optimizer; every row's optimizer state starts afresh."""
+        with self._lock:
+            self.optimizer = optimizer
+            allocated = self._weights.shape[0]
+            self._state = {}
+            for key, (shape, dtype) in optimizer.state_layout().items():
+                array = np.empty((allocated, *shape(self.dim)), dtype=dtype)
+                array.fill(optimizer.initial_state(key))
+                self._state[key] = array
+
+    def init_rows(self, ids: np.ndarray) -> np.ndarray:
+        return init_rows(ids, self.dim, self._seed64, self.init_scale)
+
+    # -- rows ---------------------------------------------------------------
+
+    def _reserve(self, rows: int) -> None:
+        allocated = self._weights.shape[0]
+        if rows <= allocated:
+            return
+        new = max(rows, 2 * allocated, 1024)
+        self._weights = _grown(self._weights, new)
+        for key, array in self._state.items():
+            self._state[key] = _grown(array, new)
+
+    def _rows_for(self, ids: np.ndarray, create: bool) -> np.ndarray:
+        """Row numbers of distinct ``ids``, creating missing rows when asked
+        (else -1 where missing). Caller holds the lock."""
+        rows = self._index.lookup(ids)
+        missing = rows < 0
+        if create and missing.any():
+            new_ids = ids[missing]
+            new_rows = self._index.insert_new(new_ids)
+            self._reserve(self._index.size)
+            self._weights[new_rows] = self.init_rows(new_ids)
+            for key in self.optimizer.state_layout():
+                self._state[key][new_rows] = self.optimizer.initial_state(key)
+            rows[missing] = new_rows
+        return rows
+
+    def present(self, ids: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Whether each id has a row."""
+        with self._lock:
+            return self._index.lookup(as_u64(ids)) >= 0
+
+    def pull(self, ids: np.ndarray | torch.Tensor, create: bool = True) -> torch.Tensor:
+        """The rows of distinct ``ids`` as a new float32 tensor [len(ids), dim].
+
+        With ``create=False`` absent rows read as their initial value and the
+        table is left unchanged (inference).
+        """
+        ids = as_u64(ids)
+        with self._lock:
+            rows = self._rows_for(ids, create)
+            out = np.empty((ids.shape[0], self.dim), dtype=np.float32)
+            present = rows >= 0
+            out[present] = self._weights[rows[present]]
+        if not present.all():
+            out[~present] = self.init_rows(ids[~present])
+        return torch.from_numpy(out)
+
+    def push(self, ids: np.ndarray | torch.Tensor, grads: torch.Tensor) -> None:
+        """Applies the optimizer to the rows of distinct ``ids`` with ``grads``."""
+        ids = as_u64(ids)
+        grad = _as_f32(grads, ids.shape[0], self.dim, self.name)
+        with self._lock:
+            rows = self._rows_for(ids, create=True)
+            weights = self._weights[rows]
+            state = {key: array[rows] for key, array in self._state.items()}
+            self.optimizer.apply(weights, grad, state)
+            self._weights[rows] = weights
+            for key, value in state.items():
+                self._state[key][rows] = value
+
+    def add(self, ids: np.ndarray | torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+        """Adds ``deltas`` to the rows of distinct ``ids`` (GEO); returns the new rows."""
+        ids = as_u64(ids)
+        delta = _as_f32(deltas, ids.shape[0], self.dim, self.name)
+        with self._lock:
+            rows = self._rows_for(ids, create=True)
+            self._weights[rows] += delta
+            out = self._weights[rows]
+        return torch.from_numpy(out)
+
+    def assign(self, ids: np.ndarray | torch.Tensor, values: torch.Tensor) -> None:
+        """Overwrites the rows of distinct ``ids`` (optimizer state unchanged)."""
+        ids = as_u64(ids)
+        value = _as_f32(values, ids.shape[0], self.dim, self.name)
+        with self._lock:
+            rows = self._rows_for(ids, create=True)
+            self._weights[rows] = value
+
+    # -- persistence --------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every row and its optimizer state, as tensors (``torch.load(weights_only=True)``)."""
+        with self._lock:
+            n = self._index.size
+            out: dict[str, Any] = {
+                "name": self.name,
+                "dim": self.dim,
+                "optimizer": self.optimizer.kind,
+                "ids": torch.from_numpy(self._index.ids_in_row_order().view(np.int64).copy()),
+                "weights": torch.from_numpy(self._weights[:n].copy()),
+            }
+            for key, array in self._state.items():
+                out["state." + key] = torch.from_numpy(array[:n].copy())
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any], keep: np.ndarray | None = None) -> None:
+        """Loads rows saved by ``state_dict`` (rows of other tables' shards
+        included), keeping only the rows where ``keep`` is true when given.
+        Optimizer state of another optimizer kind is dropped (rows start fresh
+        state)."""
+        if int(state["dim"]) != self.dim:
+            raise ValueError(
+                f"table '{self.name}': saved rows have dim {state['dim']}, "
+                f"the model's table has dim {self.dim}"
+            )
+        ids = as_u64(state["ids"].numpy())
+        weights = state["weights"].numpy()
+        same_optimizer = state.get("optimizer") == self.optimizer.kind
+        if keep is not None:
+            ids, weights = ids[keep], weights[keep]
+        with self._lock:
+            rows = self._rows_for(ids, create=True)
+            self._weights[rows] = weights
+            if same_optimizer:
+                for key in self._state:
+                    saved = state["state." + key].numpy()
+                    self._state[key][rows] = saved[keep] if keep is not None else saved
+
+
+def _grown(array: np.ndarray, rows: int) -> np.ndarray:
+    out = np.zeros((rows, *array.shape[1:]), dtype=array.dtype)
+    out[: array.shape[0]] = array
+    return out
+
+
+def _as_f32(values: torch.Tensor | np.ndarray, n: int, dim: int, name: str) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float32).numpy()
+    values = np.asarray(values, dtype=np.float32)
+    if values.shape != (n, dim):
+        raise ValueError(
+            f"table '{name}': expected values of shape ({n}, {dim}), got {tuple(values.shape)}"
+        )
+    return values
