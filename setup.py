@@ -28,6 +28,12 @@ EXTENSIONS = [
         extra_compile_args=COMPILE_ARGS,
     ),
     Extension(
+        "datafeed._samples",
+        ["datafeed/_samples.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+    Extension(
         "datafeed._shuffle",
         ["datafeed/_shuffle.pyx"],
         define_macros=MACROS,

@@ -8,12 +8,13 @@ tensors. ``import datafeed`` does not import torch (the batch stage does, on use
 
 from .batch import Batch, Ragged
 from .dataset import DatasetBase, DatasetFactory, InMemoryDataset, QueueDataset
-from .errors import DatafeedError, ParseError, ReaderError, SchemaError
+from .errors import CacheError, DatafeedError, ParseError, ReaderError, SchemaError
 from .readers import FileStats, LoadStats
 from .slots import Slot, SlotSchema
 
 __all__ = [
     "Batch",
+    "CacheError",
     "DatafeedError",
     "DatasetBase",
     "DatasetFactory",

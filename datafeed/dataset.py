@@ -15,13 +15,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import shuffle
+from . import cache, shuffle
 from .batch import Batch, BatchBuilder, concat_rows
 from .columns import RecordChunk
 from .errors import SchemaError
+from .inprocess import InProcessPool
 from .memory import release_free_memory
 from .progress import LoadProgress, progress_enabled
-from .readers import DEFAULT_CHUNK_ROWS, LoadStats, ReaderPool
+from .readers import DEFAULT_CHUNK_ROWS, FileStats, LoadStats, ReaderPool
 from .settings import FLEETFEED_SETTINGS, INMEMORY_SETTINGS, PADDLE_SETTINGS, Settings
 from .slots import SlotSchema
 from .store import RecordStore
@@ -66,8 +67,12 @@ class DatasetBase:
             fs_name, fs_ugi, download_cmd: Paddle's remote-file settings.
             **settings: fleetfeed's settings: ``drop_last=False``, ``seed=None``,
                 ``on_bad_line="raise"|"skip"``, ``progress=None`` (a bar on a
-                terminal), ``max_line_bytes``; and, on InMemoryDataset, Paddle's
-                distributed settings (``fleet_send_batch_size``, ...).
+                terminal), ``max_line_bytes``, ``data_generator=None`` (a
+                ``MultiSlotDataGenerator`` subclass or instance run in
+                ``thread_num`` worker processes instead of ``pipe_command``:
+                see ``datafeed.inprocess``); and, on InMemoryDataset,
+                ``cache=None`` (a cache file path: see ``load_cache``) and
+                Paddle's distributed settings (``fleet_send_batch_size``, ...).
 
         Raises:
             TypeError: an unknown setting.
@@ -156,9 +161,22 @@ class DatasetBase:
     # Rows per parsed chunk: large for loads (fewer, bigger arrays), smaller for
     # streaming, where chunks in flight bound the memory.
     _chunk_rows = DEFAULT_CHUNK_ROWS
+    # A file split into byte ranges hands its records on in file order
+    # (QueueDataset streams them as they come: its records interleave anyway).
+    _ordered_ranges = True
 
-    def _reader_pool(self, thread_num: int | None = None) -> ReaderPool:
+    def _reader_pool(self, thread_num: int | None = None) -> ReaderPool | InProcessPool:
         s = self._settings
+        if s["data_generator"] is not None:  # the in-process path: no pipe command
+            return InProcessPool(
+                self._filelist,
+                s["data_generator"],
+                self.schema,
+                threads=thread_num or s["thread_num"],
+                skip_bad_lines=s["on_bad_line"] == "skip",
+                max_line_bytes=s["max_line_bytes"],
+                chunk_rows=self._chunk_rows,
+            )
         return ReaderPool(
             self._filelist,
             s["pipe_command"],
@@ -167,6 +185,7 @@ class DatasetBase:
             skip_bad_lines=s["on_bad_line"] == "skip",
             max_line_bytes=s["max_line_bytes"],
             chunk_rows=self._chunk_rows,
+            ordered=self._ordered_ranges,
         )
 
     def _log_load(self, stats: LoadStats) -> None:
@@ -201,6 +220,9 @@ class InMemoryDataset(DatasetBase):
         self._preload: tuple[threading.Thread, dict[str, Any]] | None = None
         self._shuffles = 0
         self.last_shuffle_seed: int | None = None
+        # What the records in memory came from, for save_cache().
+        self._sources: list[cache.SourceFile] = []
+        self._source_stats: list[FileStats] = []
 
     # -- loading -----------------------------------------------------------------------
 
@@ -249,6 +271,13 @@ class InMemoryDataset(DatasetBase):
 
     def _load(self, thread_num: int, show_progress: bool = True) -> None:
         self._check_ready("load_into_memory")
+        cache_path = self._settings["cache"]
+        if cache_path is not None and os.path.exists(cache_path):
+            self.load_cache(cache_path)
+            return
+        # Taken before reading: a file that changes during the load makes the
+        # cache stale rather than silently blessed.
+        sources = cache.stat_sources(self._filelist)
         pool = self._reader_pool(thread_num)
         per_file: list[list[RecordChunk]] = [[] for _ in self._filelist]
 
@@ -273,9 +302,62 @@ class InMemoryDataset(DatasetBase):
         store.extend([chunk for chunks in per_file for chunk in chunks])
         self._store = store
         self._stats = stats
+        self._sources += sources
+        self._source_stats += stats.per_file
         del pool, per_file  # the parsers' buffers go with them
         release_free_memory()
         self._log_load(stats)
+        if cache_path is not None:
+            self.save_cache(cache_path)
+
+    # -- the parsed-data cache (datafeed/cache.py) -------------------------------------
+
+    def save_cache(self, path: str | os.PathLike) -> None:
+        """Writes the records in memory, in their current order, to a cache file.
+
+        The cache records the slots and the size and mtime of every file the
+        records were loaded from (as they were when loaded). It is written to a
+        temporary name and renamed into place.
+
+        Raises:
+            RuntimeError: no records in memory.
+        """
+        store = self._require_store("save_cache")
+        cache.write_cache(
+            os.fspath(path), self.schema, store.chunks, self._sources, self._source_stats
+        )
+        logger.info("saved %d records to cache %s", store.rows, os.fspath(path))
+
+    def load_cache(self, path: str | os.PathLike) -> None:
+        """Loads records from a cache written by ``save_cache``, skipping the readers.
+
+        The records are appended to those in memory, as ``load_into_memory``
+        does; ``stats()`` reports the accounting of the load that made the
+        cache. With ``init(..., cache=path)``, ``load_into_memory()`` calls this
+        when the file exists (and writes it after loading when it does not).
+
+        Raises:
+            FileNotFoundError: no cache at ``path``.
+            CacheError: not a cache, or stale: its slots differ from
+                ``use_var``, its files from the file list (when one is set),
+                or a source file changed size or mtime since.
+        """
+        if not len(self.schema):
+            raise SchemaError("load_cache: no slots declared; call init(use_var=[...]) first")
+        path = os.fspath(path)
+        chunks, stats, sources = cache.read_cache(path, self.schema, self._filelist)
+        store = self._store or RecordStore(self.schema)
+        if store.schema != self.schema:
+            raise SchemaError(
+                f"load_cache: use_var changed since the last load "
+                f"({store.schema!r} -> {self.schema!r}); call release_memory() first"
+            )
+        store.extend(chunks)
+        self._store = store
+        self._stats = stats
+        self._sources += sources
+        self._source_stats += stats.per_file
+        logger.info("loaded %d records from cache %s in %.3f s", stats.records, path, stats.seconds)
 
     # -- shuffling ---------------------------------------------------------------------
 
@@ -314,6 +396,7 @@ class InMemoryDataset(DatasetBase):
     def release_memory(self) -> None:
         """Drops the records and gives their memory back to the operating system."""
         self._store = None
+        self._sources, self._source_stats = [], []
         release_free_memory()
 
     def get_memory_data_size(self, fleet: Any = None) -> int:
@@ -366,6 +449,7 @@ class QueueDataset(DatasetBase):
 
     queue_chunks = 4  # chunks buffered between the readers and the consumer
     _chunk_rows = 1 << 14
+    _ordered_ranges = False
 
     def local_shuffle(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(

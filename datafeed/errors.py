@@ -94,3 +94,11 @@ def _rebuild_reader_error(message, command, path, returncode, stderr_tail):
         returncode=returncode,
         stderr_tail=stderr_tail,
     )
+
+
+class CacheError(DatafeedError, ValueError):
+    """A cache of parsed records cannot be used: not one, or stale.
+
+    The message names the cache file and what differs (the slots, the file
+    list, or a source file's size or mtime).
+    """

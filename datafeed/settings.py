@@ -6,6 +6,7 @@ and a bad value is a ``SchemaError`` that says what was expected.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .errors import SchemaError
@@ -29,6 +30,9 @@ FLEETFEED_SETTINGS: dict[str, Any] = {
     "on_bad_line": "raise",
     "progress": None,
     "max_line_bytes": 64 << 20,
+    # A generator class or instance run in worker processes instead of
+    # pipe_command (datafeed/inprocess.py).
+    "data_generator": None,
 }
 # InMemoryDataset's extra settings in Paddle (init / update_settings /
 # _init_distributed_settings), accepted so that Paddle scripts run unchanged.
@@ -42,6 +46,9 @@ INMEMORY_SETTINGS: dict[str, Any] = {
     "parse_content": False,
     "fea_eval": False,
     "candidate_size": 10000,
+    # fleetfeed's own, InMemoryDataset only: a cache file of the parsed
+    # records (datafeed/cache.py).
+    "cache": None,
 }
 
 
@@ -86,6 +93,14 @@ def _check(name: str, value: Any) -> Any:
         if value is not None and not isinstance(value, bool):
             raise SchemaError(f"the 'progress' setting must be None, True or False, got {value!r}")
         return value
+    if name == "data_generator":
+        from .inprocess import check_generator  # imports generators only when set
+
+        return check_generator(value)
+    if name == "cache":
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise SchemaError(f"the 'cache' setting must be None or a file path, got {value!r}")
+        return None if value is None else os.fspath(value)
     if name in ("parse_ins_id", "parse_content"):
         if value:
             raise SchemaError(

@@ -1,0 +1,255 @@
+"""A cache of parsed records: an Arrow IPC file, memory-mapped back in.
+
+``InMemoryDataset.save_cache(path)`` writes the records in memory, and
+``init(..., cache=path)`` makes ``load_into_memory()`` use the cache when it
+exists (skipping the pipe command or generator) and write it after a normal
+load when it does not. ``InMemoryDataset.load_cache(path)`` loads one
+explicitly.
+
+The file is an uncompressed Arrow IPC file: any pyarrow reads it
+(``pa.ipc.open_file(path).read_all()`` is ``to_arrow()`` of the saved
+dataset); a sparse slot is ``list<...>``, a dense slot
+``fixed_size_list<...>[width]``. Its schema metadata (key ``fleetfeed.cache``)
+records, as JSON: the slot schema, every source file's absolute path, size
+and mtime (taken before the load read it), the per-file load accounting, and
+which sparse columns of each batch hold the same number of values in every
+row (those load without offsets, as the parser hands them out).
+
+Loading memory-maps the file copy-on-write (so the arrays are writable, as
+torch wants, and pages are shared with the page cache until written) and
+makes every column a numpy view of the mapping: no copy, no parse; pages are
+read on first touch. A cache whose slots differ from ``use_var``, whose
+sources differ from the file list, or whose sources changed on disk (size or
+mtime) is refused with a ``CacheError`` that says what differs. A cache is
+written to a temporary name in the same directory and renamed into place, so
+a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .columns import RecordChunk, SlotColumn
+from .errors import CacheError
+from .readers import FileStats, LoadStats
+from .slots import SlotSchema
+from .store import arrow_schema_of, chunk_to_record_batch
+
+METADATA_KEY = b"fleetfeed.cache"
+FORMAT = "fleetfeed-cache"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A source file as it was when it was loaded."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: str) -> SourceFile:
+        st = os.stat(path)
+        return cls(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+def stat_sources(paths: Sequence[str]) -> list[SourceFile]:
+    """The size and mtime of every path, now (call it before reading them)."""
+    return [SourceFile.of(p) for p in paths]
+
+
+def write_cache(
+    path: str,
+    schema: SlotSchema,
+    chunks: Sequence[RecordChunk],
+    sources: Sequence[SourceFile],
+    per_file: Sequence[FileStats],
+) -> None:
+    """Writes ``chunks`` to ``path`` atomically (a temporary name, then a rename).
+
+    Args:
+        path: the cache file.
+        schema: the slots of the chunks.
+        chunks: the records, in order.
+        sources: the files the records were loaded from, as they were then.
+        per_file: the load accounting of each source (restored by ``read_cache``).
+    """
+    arrow_schema = arrow_schema_of(schema)
+    widths = [
+        [0 if (slot.is_dense or column.offsets is not None) else column.width
+         for slot, column in zip(schema, chunk.columns)]
+        for chunk in chunks
+    ]
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "slots": [str(slot) for slot in schema],
+        "sources": [asdict(s) for s in sources],
+        "per_file": [
+            {k: v for k, v in asdict(f).items() if k != "seconds"} for f in per_file
+        ],
+        "uniform_widths": widths,
+        "records": sum(c.rows for c in chunks),
+    }
+    arrow_schema = arrow_schema.with_metadata({METADATA_KEY: json.dumps(meta).encode()})
+    directory = os.path.dirname(os.path.abspath(path))
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with pa.OSFile(temporary, "wb") as sink, pa.ipc.new_file(sink, arrow_schema) as writer:
+            for chunk in chunks:
+                writer.write_batch(chunk_to_record_batch(schema, chunk, arrow_schema))
+        os.replace(temporary, path)  # atomic: readers see the old file or the new one
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_cache(
+    path: str, schema: SlotSchema, filelist: Sequence[str] | None
+) -> tuple[list[RecordChunk], LoadStats, list[SourceFile]]:
+    """Loads a cache written by ``write_cache``, refusing a stale one.
+
+    Args:
+        path: the cache file.
+        schema: the slots the caller declares (``use_var``); must equal the cache's.
+        filelist: the files the caller means to load; when given (non-empty),
+            the cache must hold exactly these, in this order.
+
+    Returns:
+        The records (numpy views of a copy-on-write memory map), the load
+        accounting of the load that made the cache (with this load's time),
+        and the sources.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CacheError: not a fleetfeed cache, or stale (what differs is named).
+    """
+    started = time.perf_counter()
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size == 0:
+            raise CacheError(f"cache {path} is empty: not a fleetfeed cache")
+        # Copy-on-write: numpy views of it are writable (torch.from_numpy
+        # warns on read-only arrays); nothing is ever written back to the file.
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        reader = pa.ipc.open_file(pa.py_buffer(mapped))
+    except pa.ArrowInvalid as error:
+        raise CacheError(f"cache {path} is not an Arrow IPC file ({error})") from None
+    meta = _metadata(path, reader.schema)
+    _check_fresh(path, meta, schema, filelist)
+    base = np.frombuffer(mapped, dtype=np.uint8)
+    base_address = base.ctypes.data
+    chunks = []
+    for index in range(reader.num_record_batches):
+        batch = reader.get_batch(index)
+        widths = meta["uniform_widths"][index]
+        columns = tuple(
+            _column(batch.column(i), slot, widths[i], base, base_address)
+            for i, slot in enumerate(schema)
+        )
+        chunks.append(RecordChunk(columns, batch.num_rows))
+    sources = [SourceFile(**s) for s in meta["sources"]]
+    per_file = [FileStats(**f) for f in meta["per_file"]]
+    stats = LoadStats.combine(per_file, time.perf_counter() - started)
+    return chunks, stats, sources
+
+
+def _metadata(path: str, arrow_schema: pa.Schema) -> dict[str, Any]:
+    raw = (arrow_schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise CacheError(f"cache {path} is an Arrow file but not a fleetfeed cache (no metadata)")
+    meta = json.loads(raw)
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise CacheError(
+            f"cache {path} has format {meta.get('format')!r} version {meta.get('version')!r}; "
+            f"this fleetfeed reads {FORMAT!r} version {VERSION}: delete it and load again"
+        )
+    return meta
+
+
+def _check_fresh(
+    path: str, meta: dict[str, Any], schema: SlotSchema, filelist: Sequence[str] | None
+) -> None:
+    """Raises CacheError naming the first difference between the cache and now."""
+    advice = f"delete {path} (or point the cache elsewhere) and load from the files"
+    declared = [str(slot) for slot in schema]
+    if meta["slots"] != declared:
+        raise CacheError(
+            f"stale cache {path}: it holds slots [{', '.join(meta['slots'])}] but use_var "
+            f"declares [{', '.join(declared)}]; {advice}"
+        )
+    recorded = [s["path"] for s in meta["sources"]]
+    if filelist:
+        wanted = [os.path.abspath(p) for p in filelist]
+        if wanted != recorded:
+            extra = [p for p in wanted if p not in recorded]
+            missing = [p for p in recorded if p not in wanted]
+            detail = (
+                f"files not in the cache: {', '.join(extra) or 'none'}; "
+                f"cached files not in the filelist: {', '.join(missing) or 'none'}"
+            )
+            if not extra and not missing:
+                detail = "the same files in another order"
+            raise CacheError(f"stale cache {path}: it was made from another file list ({detail}); {advice}")
+    for source in meta["sources"]:
+        try:
+            now = SourceFile.of(source["path"])
+        except FileNotFoundError:
+            raise CacheError(
+                f"stale cache {path}: its source {source['path']} no longer exists; {advice}"
+            ) from None
+        if now.size != source["size"] or now.mtime_ns != source["mtime_ns"]:
+            raise CacheError(
+                f"stale cache {path}: source {source['path']} changed since the cache was "
+                f"made (size {source['size']} -> {now.size} bytes, mtime "
+                f"{_when(source['mtime_ns'])} -> {_when(now.mtime_ns)}); {advice}"
+            )
+
+
+def _when(mtime_ns: int) -> str:
+    seconds, rest = divmod(mtime_ns, 10**9)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{rest:09d}"
+
+
+def _view(buffer: pa.Buffer, dtype: np.dtype, offset: int, length: int,
+          base: np.ndarray, base_address: int) -> np.ndarray:
+    """``length`` items of ``dtype`` at item ``offset`` of an Arrow buffer, as a
+    writable numpy view of the memory map (never a copy)."""
+    start = buffer.address - base_address + offset * dtype.itemsize
+    return base[start : start + length * dtype.itemsize].view(dtype)
+
+
+def _column(array: pa.Array, slot: Any, width: int, base: np.ndarray, base_address: int) -> SlotColumn:
+    dtype = slot.numpy_dtype
+    child = array.values
+    child_buffer = child.buffers()[1]
+    if slot.is_dense:
+        start = array.offset * slot.width + child.offset
+        values = _view(child_buffer, dtype, start, len(array) * slot.width, base, base_address)
+        return SlotColumn(values, None, slot.width)
+    offsets_buffer = array.buffers()[1]
+    offsets_dtype = np.dtype(np.int64) if pa.types.is_large_list(array.type) else np.dtype(np.int32)
+    offsets = _view(offsets_buffer, offsets_dtype, array.offset, len(array) + 1, base, base_address)
+    first = int(offsets[0]) if len(offsets) else 0
+    total = (int(offsets[-1]) - first) if len(offsets) else 0
+    values = _view(child_buffer, dtype, child.offset + first, total, base, base_address)
+    if width:  # every row holds `width` values: no offsets needed (as from the parser)
+        return SlotColumn(values, None, width)
+    if first:
+        offsets = offsets - first
+    return SlotColumn(values, offsets, 0)

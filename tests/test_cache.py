@@ -1,0 +1,133 @@
+"""The parsed-data cache (datafeed/cache.py): round trip, zero copy, stale caches refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import SMALL_SCHEMA, write_small_files
+
+from datafeed import CacheError, InMemoryDataset, Slot
+
+
+def dataset(files, **settings) -> InMemoryDataset:
+    ds = InMemoryDataset()
+    ds.init(batch_size=4, thread_num=2, use_var=SMALL_SCHEMA, progress=False, **settings)
+    ds.set_filelist(files)
+    return ds
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[str]:
+    return write_small_files(tmp_path, files=3, per_file=7)
+
+
+def test_save_then_load_gives_the_same_records_batches_and_stats(tmp_path, files):
+    source = dataset(files)
+    source.load_into_memory()
+    path = tmp_path / "records.arrow"
+    source.save_cache(path)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+    loaded = dataset(files)
+    loaded.load_cache(path)
+    assert loaded.to_arrow().equals(source.to_arrow())
+    assert pa.ipc.open_file(path).read_all().equals(source.to_arrow())  # plain Arrow
+    for name in ("files", "lines", "records", "bytes", "skipped_lines"):
+        assert getattr(loaded.stats(), name) == getattr(source.stats(), name)
+    got = [{k: v.tolist() if hasattr(v, "tolist") else v for k, v in b.items()} for b in loaded]
+    want = [{k: v.tolist() if hasattr(v, "tolist") else v for k, v in b.items()} for b in source]
+    assert repr(got) == repr(want)
+    loaded.local_shuffle(seed=3)  # the mapped columns shuffle like any others
+    assert loaded.get_memory_data_size() == 21
+
+
+def test_loaded_columns_are_writable_views_of_the_mapping(tmp_path, files):
+    source = dataset(files)
+    source.load_into_memory()
+    path = tmp_path / "c.arrow"
+    source.save_cache(path)
+    loaded = dataset(files)
+    loaded.load_cache(path)
+    column = loaded._store.chunks[0].columns[1]  # sparse ids
+    assert column.values.base is not None and column.values.flags.writeable
+    assert not column.values.flags.owndata
+    # Uniform sparse columns come back without offsets, as the parser gives them.
+    widths = [c.offsets is None for c in loaded._store.chunks[0].columns]
+    assert widths == [c.offsets is None for c in source._store.chunks[0].columns]
+
+
+def test_cache_setting_writes_once_then_loads_from_the_cache(tmp_path, files):
+    path = tmp_path / "auto.arrow"
+    first = dataset(files, cache=str(path), pipe_command="cat")
+    first.load_into_memory()
+    assert path.exists()
+    # A pipe command that would fail proves the second load never runs it.
+    second = dataset(files, cache=str(path), pipe_command="exit 3")
+    second.load_into_memory()
+    assert second.to_arrow().equals(first.to_arrow())
+
+
+def test_a_changed_source_is_refused(tmp_path, files):
+    path = tmp_path / "c.arrow"
+    ds = dataset(files)
+    ds.load_into_memory()
+    ds.save_cache(path)
+    with open(files[1], "a") as out:
+        out.write("3 1 2 3 1 5 1 0 1 1\n")
+    with pytest.raises(CacheError, match=rf"stale cache .*c.arrow: source {files[1]} changed since the cache was made \(size \d+ -> \d+ bytes"):
+        dataset(files).load_cache(path)
+    last = dataset(files[2:])
+    last.load_into_memory()
+    last.save_cache(path)
+    os.utime(files[2], ns=(0, 0))  # the same size but another mtime is stale too
+    with pytest.raises(CacheError, match=r"changed since the cache was made \(size (\d+) -> \1 bytes, mtime"):
+        dataset(files[2:]).load_cache(path)
+
+
+def test_other_slots_or_files_are_refused(tmp_path, files):
+    path = tmp_path / "c.arrow"
+    ds = dataset(files)
+    ds.load_into_memory()
+    ds.save_cache(path)
+    other = InMemoryDataset()
+    other.init(use_var=[Slot("dense", "float32", (3,)), Slot("ids", "int64")], progress=False)
+    with pytest.raises(CacheError, match=r"it holds slots \[dense:float32:3, ids:uint64, .*\] but use_var declares \[dense:float32:3, ids:int64\]"):
+        other.load_cache(path)
+    with pytest.raises(CacheError, match="another file list .*cached files not in the filelist: .*part-2.txt"):
+        dataset(files[:2]).load_cache(path)
+    with pytest.raises(CacheError, match="the same files in another order"):
+        dataset(list(reversed(files))).load_cache(path)
+    os.unlink(files[0])
+    with pytest.raises(CacheError, match="part-0.txt no longer exists"):
+        dataset([]).load_cache(path)
+
+
+def test_not_a_cache_is_refused(tmp_path, files):
+    junk = tmp_path / "junk.arrow"
+    junk.write_bytes(b"not arrow at all")
+    with pytest.raises(CacheError, match="is not an Arrow IPC file"):
+        dataset(files).load_cache(junk)
+    plain = tmp_path / "plain.arrow"
+    table = pa.table({"x": np.arange(3)})
+    with pa.ipc.new_file(str(plain), table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(CacheError, match="not a fleetfeed cache"):
+        dataset(files).load_cache(plain)
+
+
+def test_a_failed_write_leaves_no_file(tmp_path, files, monkeypatch):
+    ds = dataset(files)
+    ds.load_into_memory()
+    path = tmp_path / "c.arrow"
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        ds.save_cache(path)
+    assert list(tmp_path.glob("*.arrow")) == [] and list(tmp_path.glob(".*tmp")) == []
