@@ -1,0 +1,261 @@
+"""Executor.train_from_dataset / infer_from_dataset, and the AUC metrics."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from datafeed import InMemoryDataset, QueueDataset, Slot
+from trainer import Executor, StreamingAUC, auc, fleet
+
+SLOTS = [Slot("x", "float32", (2,)), Slot("label", "int64", (1,))]
+PAPER_LINE = re.compile(
+    r"^time: \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\], batch: \[(\d+)\], loss\[1\]:\[([-0-9.e]+)\]$"
+)
+
+
+def write_files(directory: Path, files: int = 2, per_file: int = 200) -> list[str]:
+    """Two features in [-1, 1]; label = x0 > x1 (learnable by logistic regression)."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for f in range(files):
+        x = rng.uniform(-1, 1, (per_file, 2))
+        lines = [f"2 {a:.4f} {b:.4f} 1 {int(a > b)}\n" for a, b in x]
+        path = directory / f"part-{f}.txt"
+        path.write_text("".join(lines))
+        paths.append(str(path))
+    return paths
+
+
+def make(kind: type, files: list[str], batch_size: int = 20, thread_num: int = 2):
+    dataset = kind()
+    dataset.init(batch_size=batch_size, thread_num=thread_num, use_var=SLOTS, pipe_command="cat")
+    dataset.set_filelist(files)
+    if kind is InMemoryDataset:
+        dataset.load_into_memory()
+    return dataset
+
+
+class Logistic(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(2, 1)
+
+    def forward(self, batch):
+        logit = self.linear(batch["x"]).squeeze(1)
+        label = batch["label"].squeeze(1).float()
+        loss = nn.functional.binary_cross_entropy_with_logits(logit, label)
+        return {"loss": loss, "prob": torch.sigmoid(logit), "label": label}
+
+
+@pytest.mark.parametrize("kind", [InMemoryDataset, QueueDataset])
+def test_training_lowers_the_loss_and_prints_paddles_line(tmp_path, capsys, kind):
+    files = write_files(tmp_path)
+    dataset = make(kind, files)
+    model = Logistic()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    executor = Executor()
+    summaries = [
+        executor.train_from_dataset(model, dataset, optimizer, thread=2, print_period=5)
+        for _ in range(3)
+    ]
+    assert [s.batches for s in summaries] == [20, 20, 20]
+    assert [s.records for s in summaries] == [400, 400, 400]
+    assert summaries[0].threads == 2
+    assert summaries[2].mean_loss < 0.7 * summaries[0].mean_loss
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 12  # batches 5, 10, 15, 20 of each pass
+    matches = [PAPER_LINE.match(line) for line in lines]
+    assert all(matches), lines
+    assert [int(m.group(1)) for m in matches[:4]] == [5, 10, 15, 20]
+    assert summaries[2].last_fetch["loss"] == [float(matches[-1].group(2))] or abs(
+        summaries[2].last_fetch["loss"][0] - float(matches[-1].group(2))
+    ) < 1e-5
+
+
+def test_fetch_list_and_info_name_the_printed_values(tmp_path, capsys):
+    dataset = make(InMemoryDataset, write_files(tmp_path, files=1, per_file=40))
+    model = Logistic()
+    Executor().train_from_dataset(
+        model, dataset, torch.optim.SGD(model.parameters(), lr=0.1), thread=1,
+        fetch_list=["loss", "label"], fetch_info=["cost", "y"], print_period=2,
+    )
+    line = capsys.readouterr().out.splitlines()[0]
+    assert re.fullmatch(
+        r"time: \[[^]]+\], batch: \[2\], cost\[1\]:\[[0-9.e-]+\], y\[20\]:\[([01] ){19}[01]\]",
+        line,
+    ), line
+
+
+def test_fetch_list_empty_prints_nothing_and_debug_prints_timings(tmp_path, capsys):
+    dataset = make(InMemoryDataset, write_files(tmp_path, files=1, per_file=40))
+    model = Logistic()
+    summary = Executor().train_from_dataset(
+        model, dataset, torch.optim.SGD(model.parameters(), lr=0.1),
+        fetch_list=[], debug=True, print_period=1,
+    )
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    debug_lines = captured.err.splitlines()
+    assert len(debug_lines) == 2 + 1  # one per batch, then the summary
+    assert re.search(
+        r"batch: \[2\], data wait: [0-9.]+ ms/batch, forward: [0-9.]+ ms/batch, "
+        r"backward: [0-9.]+ ms/batch, step: [0-9.]+ ms/batch, IO percent: [0-9.]+%, "
+        r"[0-9.]+ records/s",
+        debug_lines[-1],
+    )
+    assert set(summary.timings) == {"data_wait", "forward", "backward", "step"}
+    assert summary.timings["forward"] > 0 and summary.timings["step"] > 0
+
+
+def test_infer_leaves_parameters_alone_and_feeds_the_handler(tmp_path):
+    dataset = make(QueueDataset, write_files(tmp_path), batch_size=50)
+    model = Logistic()
+    model.train()
+    before = [p.detach().clone() for p in model.parameters()]
+    metric = StreamingAUC()
+    seen: list[int] = []
+    modes: list[bool] = []
+
+    def handler(outputs):
+        seen.append(outputs["prob"].numel())
+        metric.update(outputs["label"], outputs["prob"])
+        assert not outputs["prob"].requires_grad
+
+    class Spy(Logistic):
+        def forward(self, batch):
+            modes.append(self.training)
+            return super().forward(batch)
+
+    spy = Spy()
+    spy.load_state_dict(model.state_dict())
+    summary = Executor().infer_from_dataset(spy, dataset, thread=2, fetch_list=[], fetch_handler=handler)
+    assert sorted(seen) == [50] * 8 and summary.records == 400
+    assert modes == [False] * 8 and spy.training  # eval during, restored after
+    for old, new in zip(before, spy.parameters()):
+        assert torch.equal(old, new)
+    assert metric.count == 400
+    assert 0.0 < metric.compute() < 1.0
+
+
+def test_a_worker_thread_error_is_raised_in_the_caller_with_its_traceback(tmp_path):
+    dataset = make(QueueDataset, write_files(tmp_path, files=2, per_file=200))
+    calls = itertools.count()
+
+    class Broken(Logistic):
+        def forward(self, batch):
+            if next(calls) == 3:
+                raise ValueError("bad batch in the model")
+            return super().forward(batch)
+
+    model = Broken()
+    with pytest.raises(ValueError, match="bad batch in the model") as info:
+        Executor().train_from_dataset(
+            model, dataset, torch.optim.SGD(model.parameters(), lr=0.1), thread=2,
+            fetch_list=[],
+        )
+    assert any(entry.name == "forward" for entry in info.traceback)
+    assert threading.active_count() == 1 or all(
+        not t.name.startswith("trainer-worker") for t in threading.enumerate()
+    )
+
+
+def test_argument_errors(tmp_path):
+    dataset = make(InMemoryDataset, write_files(tmp_path, files=1, per_file=20))
+    model = Logistic()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    executor = Executor()
+    with pytest.raises(RuntimeError, match="dataset is needed"):
+        executor.train_from_dataset(model, None, optimizer)
+    with pytest.raises(ValueError, match=r"fetch_info must name each fetch_list entry: 1 .*, 2"):
+        executor.train_from_dataset(model, dataset, optimizer, fetch_info=["a", "b"])
+    with pytest.raises(ValueError, match="print_period must be an int >= 1, got 0"):
+        executor.train_from_dataset(model, dataset, optimizer, print_period=0)
+    with pytest.raises(TypeError, match=r"a tensor under 'loss', got keys \['prob'\]"):
+        executor.train_from_dataset(lambda b: {"prob": b["x"]}, dataset, optimizer)
+    with pytest.raises(KeyError, match=r"fetch_list names \['auc'\]"):
+        executor.train_from_dataset(model, dataset, optimizer, fetch_list=["auc"])
+    fleet.init()
+    with pytest.raises(ValueError, match="needs an optimizer"):
+        executor.train_from_dataset(model, dataset)
+
+
+# -- metrics ----------------------------------------------------------------------------
+
+
+def brute_force_auc(labels, scores) -> float:
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 6)), min_size=2, max_size=40
+    ).filter(lambda rows: len({y for y, _ in rows}) == 2)
+)
+def test_auc_matches_the_pairwise_definition_with_ties(rows):
+    labels = [y for y, _ in rows]
+    scores = [(s + 0.5) / 7 for _, s in rows]  # few distinct values: many ties
+    assert auc(labels, scores) == pytest.approx(brute_force_auc(labels, scores))
+    streaming = StreamingAUC(num_thresholds=7)  # one bucket per distinct score
+    streaming.update(np.array(labels), torch.tensor(scores))
+    assert streaming.compute() == pytest.approx(brute_force_auc(labels, scores))
+
+
+def test_streaming_auc_is_close_to_exact_and_merges():
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 20_000)
+    scores = 1 / (1 + np.exp(-(labels * 1.5 + rng.normal(0, 1.5, labels.size))))
+    exact = auc(labels, scores)
+    first, second = StreamingAUC(), StreamingAUC()
+    first.update(labels[:5000], scores[:5000])
+    second.update(labels[5000:], scores[5000:])
+    first.merge(second)
+    assert 0.7 < exact < 0.85
+    assert abs(first.compute() - exact) < 1e-3
+    assert first.count == 20_000
+
+
+def test_auc_errors():
+    with pytest.raises(ValueError, match="undefined with 3 positive and 0 negative"):
+        auc([1, 1, 1], [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match=r"labels must be 0 or 1, found \[2\]"):
+        auc([0, 2], [0.1, 0.2])
+    with pytest.raises(ValueError, match="same number of values, found 2 labels and 3 scores"):
+        StreamingAUC().update([0, 1], [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="undefined with 0 positive and 0 negative"):
+        StreamingAUC().compute()
+
+
+def test_place_moves_batches_to_the_device(tmp_path):
+    dataset = make(InMemoryDataset, write_files(tmp_path, files=1, per_file=40))
+    devices = []
+
+    def model(batch):
+        devices.append((batch["x"].device.type, batch["label"].device.type, batch.size))
+        return {}
+
+    summary = Executor(place="meta").infer_from_dataset(model, dataset, fetch_list=[], thread=1)
+    assert devices == [("meta", "meta", 20)] * 2 and summary.records == 40 and summary.mean_loss is None
+
+
+def test_infer_prints_the_default_loss_only_when_there_is_one(tmp_path, capsys):
+    dataset = make(InMemoryDataset, write_files(tmp_path, files=1, per_file=40))
+    Executor().infer_from_dataset(lambda batch: {"prob": batch["x"]}, dataset, print_period=1)
+    assert capsys.readouterr().out == ""
+    Executor().infer_from_dataset(Logistic(), dataset, print_period=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(PAPER_LINE.match(line) for line in lines)

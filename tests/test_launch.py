@@ -1,0 +1,251 @@
+"""fleetrun: real processes, real ports, every child stopped on every path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A stand-in for a training script: servers listen on their port until stopped,
+# workers record their environment and then do what argv[2] says.
+DUMMY = r'''
+import json, os, socket, sys, time
+out, mode = sys.argv[1], sys.argv[2]
+role = os.environ["TRAINING_ROLE"]
+if role == "PSERVER":
+    index = os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(",").index(
+        os.environ["POD_IP"] + ":" + os.environ["PADDLE_PORT"])
+    with open(os.path.join(out, f"server{index}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    if mode == "noserve":
+        time.sleep(60)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((os.environ["POD_IP"], int(os.environ["PADDLE_PORT"])))
+    sock.listen(16)
+    print("server listening", flush=True)
+    if mode == "server_done":
+        time.sleep(0.2)
+        sys.exit(0)
+    if mode == "server_dies":
+        time.sleep(0.5)
+        print("server giving up", flush=True)
+        sys.exit(5)
+    time.sleep(60)
+else:
+    rank = os.environ["PADDLE_TRAINER_ID"]
+    keys = ["TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "POD_IP", "PADDLE_PORT",
+            "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS", "FLEETFEED_JOB_SECRET"]
+    with open(os.path.join(out, f"worker{rank}.json"), "w") as f:
+        json.dump({**{k: os.environ.get(k) for k in keys}, "pid": os.getpid()}, f)
+    if mode == "fail" and rank == "1":
+        time.sleep(0.3)
+        print("worker 1 is failing on purpose", flush=True)
+        sys.exit(3)
+    if mode in ("fail", "hang", "server_dies"):
+        time.sleep(60)
+    if mode == "server_done":
+        time.sleep(1)
+    print(f"worker {rank} done", flush=True)
+'''
+
+
+@pytest.fixture
+def dummy(tmp_path: Path) -> Path:
+    script = tmp_path / "dummy.py"
+    script.write_text(DUMMY)
+    return script
+
+
+def fleetrun(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.launch", *args], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def pids(directory: Path) -> list[int]:
+    found = [int(p.read_text()) for p in directory.glob("server*.pid")]
+    found += [json.loads(p.read_text())["pid"] for p in directory.glob("worker*.json")]
+    return found
+
+
+def assert_all_gone(directory: Path) -> None:
+    for pid in pids(directory):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_ps_job_sets_paddles_environment_and_stops_the_servers(tmp_path, dummy):
+    result = fleetrun("--server_num=1", "--worker_num=2", str(dummy), str(tmp_path), "ok", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "all workers exited, stopping the servers" in result.stdout
+    envs = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
+    servers = envs[0]["PADDLE_PSERVERS_IP_PORT_LIST"]
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", servers)
+    worker_endpoints = envs[0]["PADDLE_TRAINER_ENDPOINTS"].split(",")
+    assert len(worker_endpoints) == 2
+    for index, env in enumerate(envs):
+        assert env["TRAINING_ROLE"] == "TRAINER"
+        assert env["PADDLE_TRAINER_ID"] == str(index)
+        assert env["PADDLE_TRAINERS_NUM"] == "2"
+        assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == servers
+        assert f"{env['POD_IP']}:{env['PADDLE_PORT']}" == worker_endpoints[index]
+        assert re.fullmatch(r"[0-9a-f]{32}", env["FLEETFEED_JOB_SECRET"])
+    assert envs[0]["FLEETFEED_JOB_SECRET"] == envs[1]["FLEETFEED_JOB_SECRET"]
+    log = tmp_path / "log"
+    assert (log / "serverlog.0").read_text() == "server listening\n"
+    assert (log / "workerlog.0").read_text() == "worker 0 done\n"
+    assert (log / "workerlog.1").read_text() == "worker 1 done\n"
+    assert_all_gone(tmp_path)
+
+
+def test_explicit_endpoints_and_a_second_job_secret(tmp_path, dummy):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = fleetrun(f"--servers=127.0.0.1:{port}", "--workers=127.0.0.1", "--log_dir=logs",
+                      str(dummy), str(tmp_path), "ok", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    env = json.loads((tmp_path / "worker0.json").read_text())
+    assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == f"127.0.0.1:{port}"
+    assert env["PADDLE_TRAINERS_NUM"] == "1"
+    assert (tmp_path / "logs" / "workerlog.0").exists()
+
+
+def test_a_failing_worker_stops_the_job_and_shows_its_log(tmp_path, dummy):
+    started = time.monotonic()
+    result = fleetrun("--server_num=1", "--trainer_num=2", str(dummy), str(tmp_path), "fail", cwd=tmp_path)
+    assert time.monotonic() - started < 15
+    assert result.returncode == 3
+    assert re.search(r"fleetrun: worker 1 \(pid \d+\) exited with status 3; stopping the job", result.stderr)
+    assert "worker 1 is failing on purpose" in result.stderr  # the log tail
+    assert len(pids(tmp_path)) == 3
+    assert_all_gone(tmp_path)
+
+
+def test_a_server_that_dies_stops_the_job(tmp_path, dummy):
+    result = fleetrun("--server_num=1", "--worker_num=1", str(dummy), str(tmp_path), "server_dies", cwd=tmp_path)
+    assert result.returncode == 5
+    assert re.search(r"server 0 \(pid \d+\) exited with status 5 before the workers finished", result.stderr)
+    assert "server giving up" in result.stderr
+    assert_all_gone(tmp_path)
+
+
+def test_a_server_that_exits_0_is_not_a_failure(tmp_path, dummy):
+    # run_server() returns once every worker called stop_worker(): the server may
+    # exit before the workers do.
+    result = fleetrun("--server_num=1", "--worker_num=2", str(dummy), str(tmp_path), "server_done", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "log" / "workerlog.1").read_text() == "worker 1 done\n"
+    assert_all_gone(tmp_path)
+
+
+def test_a_server_that_never_listens_times_out(tmp_path, dummy):
+    result = fleetrun("--server_num=1", "--worker_num=1", "--start_timeout=1", str(dummy),
+                      str(tmp_path), "noserve", cwd=tmp_path)
+    assert result.returncode == 1
+    assert re.search(r"server 0 \(pid \d+\) did not listen on 127\.0\.0\.1:\d+ within 1s", result.stderr)
+    assert not list(tmp_path.glob("worker*.json"))  # no worker was started
+    assert_all_gone(tmp_path)
+
+
+def test_ctrl_c_stops_every_process(tmp_path, dummy):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch", "--server_num=2", "--worker_num=2",
+         str(dummy), str(tmp_path), "hang"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while len(list(tmp_path.glob("worker*.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pids(tmp_path)) == 4
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=20)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 128 + signal.SIGINT
+    assert "fleetrun: SIGINT, stopped every process" in err
+    assert_all_gone(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--server_num=2", "--servers=127.0.0.1:6001"], r"--server_num=2 and --servers \(1 endpoints\) do not match"),
+        (["--worker_num=2"], "a parameter-server job needs --server_num or --servers"),
+        (["--server_num=1"], "a parameter-server job needs --worker_num or --workers"),
+        (["--servers=127.0.0.1:x", "--worker_num=1"], r"--servers must be 'ip:port' entries .*found '127.0.0.1:x'"),
+        ([], "give --server_num/--worker_num .* or --nproc_per_node"),
+        (["--server_num=1", "--worker_num=1", "--nproc_per_node=2"], "not both"),
+    ],
+)
+def test_argument_errors(tmp_path, args, message):
+    result = fleetrun(*args, "train.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert re.search(message, result.stderr), result.stderr
+
+
+def test_collective_mode_runs_torchrun_and_fails_when_a_rank_fails(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
+        "os.environ['MASTER_ADDR'], flush=True)\n"
+        "sys.exit(int(sys.argv[1]) if os.environ['RANK'] == '1' else 0)\n"
+    )
+    ok = fleetrun("--nproc_per_node=2", str(script), "0", cwd=tmp_path, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "rank 0 of 2 127.0.0.1" in ok.stdout and "rank 1 of 2 127.0.0.1" in ok.stdout
+    failed = fleetrun("--nproc_per_node=2", str(script), "7", cwd=tmp_path, timeout=60)
+    assert failed.returncode != 0
+    assert "exitcode  : 7" in failed.stderr  # torchrun's failure summary names the rank
+
+
+def test_ctrl_c_stops_a_collective_job(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "open(os.path.join(sys.argv[1], f\"rank{os.environ['RANK']}.pid\"), 'w')"
+        ".write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch", "--nproc_per_node=2", str(script), str(tmp_path)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # let the pid files be complete
+        ranks = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+        assert len(ranks) == 2
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 128 + signal.SIGINT, err
+    assert "fleetrun: SIGINT, stopped every process" in err
+    for pid in ranks:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -1,0 +1,413 @@
+"""The fleet API: module-level functions of one ``Fleet`` object, as Paddle's ``fleet``.
+
+``from trainer import fleet``, then ``fleet.init()``, ``fleet.is_server()``,
+``fleet.distributed_optimizer(opt)``, ... (reference §5.1). Three modes:
+
+- parameter server (``fleet.init()`` with Paddle's PS environment, as set by
+  ``fleetrun --server_num=1 --worker_num=2``): the calls that concern servers and
+  workers go to ``trainer.ps.ParameterServerRuntime``;
+- collective (``fleet.init(is_collective=True)`` under ``fleetrun
+  --nproc_per_node=N`` or torchrun): a ``torch.distributed`` process group,
+  ``distributed_model`` wraps the model in ``DistributedDataParallel``;
+- non-distributed fallback (no role environment): one local worker;
+  ``init_worker``/``stop_worker``/``init_server``/``run_server`` do nothing but
+  log a line (Paddle warns), so the same script runs on a laptop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import TrainerError
+from .role import ClusterRole
+from .role_maker import PaddleCloudRoleMaker, RoleMakerBase
+from .strategy import DistributedStrategy
+
+__all__ = [
+    "Fleet",
+    "UtilBase",
+    "barrier_worker",
+    "distributed_model",
+    "distributed_optimizer",
+    "init",
+    "init_server",
+    "init_worker",
+    "is_first_worker",
+    "is_server",
+    "is_worker",
+    "load_persistables",
+    "run_server",
+    "save_persistables",
+    "server_endpoints",
+    "server_index",
+    "server_num",
+    "stop_worker",
+    "util",
+    "worker_endpoints",
+    "worker_index",
+    "worker_num",
+]
+
+logger = logging.getLogger("trainer.fleet")
+
+DEFAULT_COLLECTIVE_TIMEOUT = 300.0
+
+
+class Fleet:
+    """The state behind the module-level functions; one per process (``_FLEET``)."""
+
+    def __init__(self) -> None:
+        self._role_maker: RoleMakerBase | None = None
+        self._role: ClusterRole | None = None
+        self._strategy = DistributedStrategy()
+        self._runtime: Any = None
+        self.optimizer: Any = None
+        self.model: Any = None
+
+    # -- init --------------------------------------------------------------------------
+
+    def init(
+        self,
+        role_maker: RoleMakerBase | None = None,
+        is_collective: bool = False,
+        strategy: DistributedStrategy | None = None,
+        *,
+        timeout: float = DEFAULT_COLLECTIVE_TIMEOUT,
+    ) -> None:
+        """Works out this process's role and, in collective mode, joins the group.
+
+        Args:
+            role_maker: default ``PaddleCloudRoleMaker(is_collective)``.
+            is_collective: a collective job (ignored when ``role_maker`` is given:
+                the role maker says).
+            strategy: default ``DistributedStrategy()``.
+            timeout: seconds for the collective rendezvous and every collective
+                call (fleetfeed's; Paddle waits for hours).
+
+        Raises:
+            TypeError: arguments of the wrong type.
+            RoleError: the role environment is missing or malformed.
+            WorkerFailedError: the collective group did not form in time.
+        """
+        if not isinstance(is_collective, bool):
+            raise TypeError(
+                f"is_collective must be a bool, got {is_collective!r} "
+                f"({type(is_collective).__name__})"
+            )
+        if role_maker is None:
+            role_maker = PaddleCloudRoleMaker(is_collective=is_collective)
+        elif not isinstance(role_maker, RoleMakerBase):
+            raise TypeError(
+                f"role_maker must be a trainer role maker (PaddleCloudRoleMaker, "
+                f"UserDefinedRoleMaker), got {type(role_maker).__name__}"
+            )
+        if strategy is None:
+            strategy = DistributedStrategy()
+        elif not isinstance(strategy, DistributedStrategy):
+            raise TypeError(
+                f"strategy must be a DistributedStrategy, got {type(strategy).__name__}"
+            )
+        self._shutdown_collective()
+        role = role_maker.generate_role()
+        self._role_maker, self._role, self._strategy = role_maker, role, strategy
+        self._runtime, self.optimizer, self.model = None, None, None
+        if role.is_collective and role.distributed:
+            from . import collective
+
+            assert role_maker.master_endpoint is not None  # set by every collective role
+            collective.init_collective(
+                role.index, role.worker_num, role_maker.master_endpoint,
+                timeout=timeout, local_rank=role_maker.local_rank,
+            )
+        logger.info("fleet.init: %s", role)
+
+    def _shutdown_collective(self) -> None:
+        if self._role is not None and self._role.is_collective and self._role.distributed:
+            from . import collective
+
+            collective.destroy()
+
+    @property
+    def role(self) -> ClusterRole:
+        if self._role is None:
+            raise TrainerError("fleet.init() has not been called")
+        return self._role
+
+    @property
+    def _ps_mode(self) -> bool:
+        return not self.role.is_collective and self.role.distributed
+
+    def _get_runtime(self) -> Any:
+        """The parameter-server runtime, created on first use with the strategy then
+        in force (``trainer.ps`` is imported only here)."""
+        if self._runtime is None:
+            from .ps import ParameterServerRuntime
+
+            self._runtime = ParameterServerRuntime(self.role, self._strategy)
+        return self._runtime
+
+    def _local_note(self, what: str) -> None:
+        mode = "collective" if self.role.is_collective else "non-distributed"
+        logger.warning("%s() does nothing in %s fleet mode", what, mode)
+
+    # -- role queries ------------------------------------------------------------------
+
+    def is_worker(self) -> bool:
+        return self.role.is_worker
+
+    def is_server(self) -> bool:
+        return self.role.is_server
+
+    def is_first_worker(self) -> bool:
+        return self.role.is_worker and self.role.index == 0
+
+    def worker_index(self) -> int:
+        """This worker's index (Paddle returns the process's own index, also on a server)."""
+        return self.role.index
+
+    def server_index(self) -> int:
+        return self.role.index
+
+    def worker_num(self) -> int:
+        return self.role.worker_num
+
+    def server_num(self) -> int:
+        return self.role.server_num
+
+    def worker_endpoints(self, to_string: bool = False) -> list[str] | str:
+        endpoints = list(self.role.worker_endpoints)
+        return ",".join(endpoints) if to_string else endpoints
+
+    def server_endpoints(self, to_string: bool = False) -> list[str] | str:
+        endpoints = list(self.role.server_endpoints)
+        return ",".join(endpoints) if to_string else endpoints
+
+    # -- runtime -----------------------------------------------------------------------
+
+    def init_worker(self) -> None:
+        if not self._ps_mode:
+            return self._local_note("init_worker")
+        self._get_runtime().init_worker()
+
+    def init_server(self, model_dir: str | None = None) -> None:
+        if not self._ps_mode:
+            return self._local_note("init_server")
+        self._get_runtime().init_server(model_dir)
+
+    def run_server(self) -> None:
+        if not self._ps_mode:
+            return self._local_note("run_server")
+        self._get_runtime().run_server()
+
+    def stop_worker(self) -> None:
+        """PS mode: tells the servers this worker is done. Collective mode: leaves
+        the process group. Otherwise nothing."""
+        if self._ps_mode:
+            self._get_runtime().stop_worker()
+        elif self.role.is_collective and self.role.distributed:
+            self._shutdown_collective()
+            self.model = None  # its DistributedDataParallel wrapper is dead now
+        else:
+            self._local_note("stop_worker")
+
+    def barrier_worker(self) -> None:
+        """Waits until every worker arrives (a no-op with one local worker)."""
+        if self._ps_mode:
+            self._get_runtime().barrier_worker()
+        elif self.role.is_collective and self.role.distributed:
+            from . import collective
+
+            collective.barrier()
+
+    def distributed_optimizer(self, optimizer: Any, strategy: DistributedStrategy | None = None) -> Any:
+        """Wraps ``optimizer`` for the job's mode and returns what to call ``step()`` on.
+
+        PS mode: the runtime's optimizer (its ``step()`` pushes sparse and dense
+        gradients); servers call this too, which is how they learn the model.
+        Collective mode: ``optimizer`` itself (``DistributedDataParallel``
+        all-reduces the gradients). Non-distributed: the PS runtime's local mode
+        (its ``step()`` also updates the in-process sparse tables).
+
+        Args:
+            strategy: replaces the strategy given to ``init``.
+        """
+        if strategy is not None:
+            if not isinstance(strategy, DistributedStrategy):
+                raise TypeError(
+                    f"strategy must be a DistributedStrategy, got {type(strategy).__name__}"
+                )
+            if self._runtime is not None:
+                raise TrainerError(
+                    "distributed_optimizer(strategy=...) after the parameter-server "
+                    "runtime started: give the strategy to the first call or to init()"
+                )
+            if self.role.is_collective:
+                logger.warning("the strategy given to distributed_optimizer replaces init()'s")
+            self._strategy = strategy
+        if self._ps_mode:
+            wrapped = self._get_runtime().distributed_optimizer(optimizer)
+        elif not self.role.is_collective and _ps_available():
+            # Local mode of the PS runtime: sparse tables in this process.
+            wrapped = self._get_runtime().distributed_optimizer(optimizer)
+        else:
+            wrapped = optimizer
+        self.optimizer = wrapped
+        return wrapped
+
+    def distributed_model(self, model: Any) -> Any:
+        """Collective mode: ``DistributedDataParallel(model)``; otherwise ``model``."""
+        self.model = model
+        if self.role.is_collective and self.role.distributed:
+            from . import collective
+
+            wrapped = collective.distributed_model(
+                model, find_unused_parameters=self._strategy.find_unused_parameters
+            )
+            self.model = wrapped
+            return wrapped
+        return model
+
+    def save_persistables(self, dirname: str, model: Any = None, **kwargs: Any) -> None:
+        """Saves what a job needs to continue.
+
+        PS mode, and the local mode after ``distributed_optimizer`` (no ``model``
+        given): every sparse table (shard) and the dense parameters, through the
+        parameter-server runtime. Otherwise ``model``'s ``state_dict`` (default:
+        the model given to ``distributed_model``) in ``dirname/model.pt``,
+        written by the first worker only.
+
+        ``kwargs`` takes Paddle's ``executor``/``main_program``/``mode`` and ignores them.
+        """
+        _ignore_paddle_kwargs("save_persistables", kwargs)
+        if self._ps_mode or (self._runtime is not None and model is None):
+            self._get_runtime().save_persistables(dirname)
+            return
+        if not self.is_first_worker():
+            return
+        os.makedirs(dirname, exist_ok=True)
+        _local_persistables("save", dirname, self._target_model(model))
+
+    def load_persistables(self, dirname: str, model: Any = None, **kwargs: Any) -> None:
+        """Loads what ``save_persistables`` wrote (PS mode: through the runtime)."""
+        _ignore_paddle_kwargs("load_persistables", kwargs)
+        if self._ps_mode or (self._runtime is not None and model is None):
+            self._get_runtime().load_persistables(dirname)
+            return
+        _local_persistables("load", dirname, self._target_model(model))
+
+    def _target_model(self, model: Any) -> Any:
+        target = model if model is not None else self.model
+        return getattr(target, "module", target)  # unwrap DistributedDataParallel
+
+    @property
+    def strategy(self) -> DistributedStrategy:
+        return self._strategy
+
+
+class UtilBase:
+    """Paddle's ``fleet.util``: small collective helpers among the workers."""
+
+    def __init__(self, owner: Fleet) -> None:
+        self._fleet = owner
+
+    def all_reduce(self, input: Any, mode: str = "sum", comm_world: str = "worker") -> Any:
+        """Reduces ``input`` (number, numpy array or tensor) over the workers:
+        ``mode`` is sum, mean, max or min. Returns the same kind as given.
+
+        Collective mode: a ``torch.distributed`` all-reduce. PS mode: through the
+        runtime. One local worker: the input itself.
+        """
+        import numpy as np
+        import torch
+
+        if comm_world != "worker":
+            raise ValueError(f"comm_world must be 'worker', got {comm_world!r}")
+        role = self._fleet.role
+        if role.worker_num == 1 and not role.distributed:
+            return input
+        if self._fleet._ps_mode:
+            runtime = self._fleet._get_runtime()
+            if not hasattr(runtime, "all_reduce"):
+                raise TrainerError("this parameter-server runtime has no all_reduce")
+            return runtime.all_reduce(input, mode)
+        from . import collective
+
+        tensor = input if isinstance(input, torch.Tensor) else torch.as_tensor(np.asarray(input))
+        result = collective.all_reduce_tensor(tensor, mode)
+        if isinstance(input, torch.Tensor):
+            return result
+        if isinstance(input, np.ndarray):
+            return result.numpy()
+        return result.item()
+
+    def barrier(self, comm_world: str = "worker") -> None:
+        self._fleet.barrier_worker()
+
+    def get_file_shard(self, files: Sequence[str]) -> list[str]:
+        """This worker's share of ``files``: contiguous blocks, the first
+        ``len(files) % worker_num`` workers taking one more (Paddle's split)."""
+        if not isinstance(files, (list, tuple)):
+            raise TypeError(f"files must be a list of paths, got {type(files).__name__}")
+        workers, index = self._fleet.worker_num(), self._fleet.worker_index()
+        block, remainder = divmod(len(files), workers)
+        begin = index * block + min(index, remainder)
+        return list(files[begin : begin + block + (1 if index < remainder else 0)])
+
+
+def _ignore_paddle_kwargs(what: str, kwargs: dict[str, Any]) -> None:
+    unknown = set(kwargs) - {"executor", "main_program", "mode"}
+    if unknown:
+        raise TypeError(f"{what}() got unexpected keyword arguments {sorted(unknown)}")
+
+
+def _ps_available() -> bool:
+    """Whether ``trainer.ps`` (the parameter-server runtime) can be imported."""
+    try:
+        import trainer.ps  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _local_persistables(action: str, dirname: str, model: Any) -> None:
+    import torch
+
+    path = os.path.join(dirname, "model.pt")
+    if model is None:
+        raise TrainerError(
+            f"{action}_persistables needs the model outside PS mode: pass model=..., "
+            "or give it to fleet.distributed_model first"
+        )
+    if action == "save":
+        torch.save(model.state_dict(), path)
+    else:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"load_persistables: {path} does not exist")
+        model.load_state_dict(torch.load(path, weights_only=True))
+
+
+_FLEET = Fleet()
+util = UtilBase(_FLEET)
+
+init = _FLEET.init
+is_worker = _FLEET.is_worker
+is_server = _FLEET.is_server
+is_first_worker = _FLEET.is_first_worker
+worker_index = _FLEET.worker_index
+worker_num = _FLEET.worker_num
+server_index = _FLEET.server_index
+server_num = _FLEET.server_num
+worker_endpoints = _FLEET.worker_endpoints
+server_endpoints = _FLEET.server_endpoints
+init_worker = _FLEET.init_worker
+init_server = _FLEET.init_server
+run_server = _FLEET.run_server
+stop_worker = _FLEET.stop_worker
+barrier_worker = _FLEET.barrier_worker
+distributed_optimizer = _FLEET.distributed_optimizer
+distributed_model = _FLEET.distributed_model
+save_persistables = _FLEET.save_persistables
+load_persistables = _FLEET.load_persistables

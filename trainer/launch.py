@@ -1,0 +1,355 @@
+"""``fleetrun``: starts a parameter-server or collective job on this machine.
+
+Parameter-server mode (``--server_num``/``--servers``, ``--worker_num``/
+``--trainer_num``/``--workers``)::
+
+    fleetrun --server_num=1 --worker_num=2 train.py [args...]
+
+sets each process's environment with Paddle's variable names (plus a fresh
+``FLEETFEED_JOB_SECRET``), writes ``<log_dir>/serverlog.N`` and
+``<log_dir>/workerlog.N``, waits until every server's port accepts connections
+before starting the workers, stops the servers when all workers exit 0 (exit
+status 0), and stops the whole job with a non-zero status as soon as any process
+fails (exits non-zero or is killed), naming it and printing the tail of its log.
+A server that exits 0 is not a failure: its ``run_server()`` returns once every
+worker has called ``stop_worker()``, which can be before the workers have exited. Every child runs in its own
+process group and is stopped (SIGTERM, then SIGKILL) on every path, Ctrl-C
+included, together with anything it started.
+
+Collective mode (``--nproc_per_node``, ``--nnodes``, ...) starts the job through
+``torch.distributed.run`` (torchrun) with a fixed rendezvous on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO, NoReturn
+
+__all__ = ["main"]
+
+LOG_TAIL_LINES = 20
+STOP_GRACE_SECONDS = 5.0
+POLL_SECONDS = 0.1
+
+
+class _Interrupted(Exception):
+    """SIGINT or SIGTERM reached the launcher."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class _Child:
+    name: str  # "server 0", "worker 1"
+    process: subprocess.Popen
+    log_path: str
+    log: IO[bytes]
+
+
+# -- arguments -----------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetrun",
+        description="Start a parameter-server or collective fleetfeed job on this machine.",
+    )
+    ps = parser.add_argument_group("parameter-server mode")
+    ps.add_argument("--server_num", type=int, help="servers, on 127.0.0.1 with free ports")
+    ps.add_argument("--worker_num", "--trainer_num", dest="worker_num", type=int,
+                    help="workers (trainers)")
+    ps.add_argument("--servers", default="", help="server endpoints 'ip:port,ip:port'")
+    ps.add_argument("--workers", default="", help="worker endpoints 'ip:port,...' (or ips)")
+    ps.add_argument("--start_timeout", type=float, default=60.0,
+                    help="seconds to wait for the servers' ports (default 60)")
+    coll = parser.add_argument_group("collective mode (torch.distributed.run)")
+    coll.add_argument("--nproc_per_node", type=int, help="processes on this machine")
+    coll.add_argument("--nnodes", default="1", help="machines in the job (default 1)")
+    coll.add_argument("--node_rank", type=int, default=0, help="this machine's rank")
+    coll.add_argument("--master_addr", default="127.0.0.1", help="rendezvous host")
+    coll.add_argument("--master_port", type=int, default=0, help="rendezvous port (0: a free one)")
+    parser.add_argument("--log_dir", default="log", help="where the logs go (default log)")
+    parser.add_argument("training_script", help="the script every process runs")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _endpoints(parser: argparse.ArgumentParser, option: str, text: str) -> list[str]:
+    endpoints = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        host, sep, port = item.rpartition(":")
+        if not sep:  # an ip alone: a free port on it
+            endpoints.append(f"{item}:{_free_port()}")
+        elif host and port.isdigit() and 0 < int(port) < 65536:
+            endpoints.append(item)
+        else:
+            parser.error(f"{option} must be 'ip:port' entries separated by commas, found {item!r}")
+    return endpoints
+
+
+def _ps_endpoints(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[str], list[str]]:
+    servers = _endpoints(parser, "--servers", args.servers)
+    if args.server_num is not None:
+        if args.server_num < 1:
+            parser.error(f"--server_num must be >= 1, got {args.server_num}")
+        if servers and len(servers) != args.server_num:
+            parser.error(
+                f"--server_num={args.server_num} and --servers ({len(servers)} endpoints) "
+                "do not match"
+            )
+        if not servers:
+            servers = [f"127.0.0.1:{_free_port()}" for _ in range(args.server_num)]
+    if not servers:
+        parser.error("a parameter-server job needs --server_num or --servers")
+    workers = _endpoints(parser, "--workers", args.workers)
+    if args.worker_num is not None:
+        if args.worker_num < 1:
+            parser.error(f"--worker_num must be >= 1, got {args.worker_num}")
+        if workers and len(workers) != args.worker_num:
+            parser.error(
+                f"--worker_num={args.worker_num} and --workers ({len(workers)} endpoints) "
+                "do not match"
+            )
+        if not workers:
+            workers = [f"127.0.0.1:{_free_port()}" for _ in range(args.worker_num)]
+    if not workers:
+        parser.error("a parameter-server job needs --worker_num or --workers")
+    return servers, workers
+
+
+# -- process management --------------------------------------------------------------
+
+
+def _base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        env.pop(proxy, None)  # Paddle's launcher drops them too: they break local RPC
+    return env
+
+
+def _start(name: str, command: list[str], env: dict[str, str], log_path: str) -> _Child:
+    log = open(log_path, "wb")  # noqa: SIM115 - closed in _stop_all
+    try:
+        process = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    except BaseException:
+        log.close()
+        raise
+    return _Child(name, process, log_path, log)
+
+
+def _signal_group(child: _Child, signum: int) -> None:
+    try:
+        os.killpg(child.process.pid, signum)  # its own session: the child and its children
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_all(children: Sequence[_Child]) -> None:
+    """SIGTERM every child's process group, SIGKILL what is left after a grace period."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    for child in children:
+        _signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for child in children:
+        try:
+            child.process.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            pass
+    for child in children:
+        _signal_group(child, signal.SIGKILL)  # also reaps grandchildren left behind
+        child.process.wait()
+        child.log.close()
+
+
+def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as log:
+            text = log.read().decode("utf-8", "replace")
+    except OSError as error:
+        return f"(could not read {path}: {error})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _fail(child: _Child, what: str) -> None:
+    print(
+        f"fleetrun: {child.name} (pid {child.process.pid}) {what}; stopping the job. "
+        f"Last lines of {child.log_path}:\n{_tail(child.log_path)}",
+        file=sys.stderr, flush=True,
+    )
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def _port_open(endpoint: str) -> bool:
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) -> int:
+    os.makedirs(args.log_dir, exist_ok=True)
+    command = [sys.executable, "-u", args.training_script, *args.training_script_args]
+    common = _base_env()
+    common.update(
+        PADDLE_PSERVERS_IP_PORT_LIST=",".join(servers),
+        PADDLE_TRAINER_ENDPOINTS=",".join(workers),
+        PADDLE_TRAINERS_NUM=str(len(workers)),
+        FLEETFEED_JOB_SECRET=secrets.token_hex(16),
+    )
+    for name in ("PADDLE_TRAINER_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        common.pop(name, None)  # not this job's: a stale value would confuse a role maker
+    children: list[_Child] = []
+    try:
+        for index, endpoint in enumerate(servers):
+            ip, _, port = endpoint.rpartition(":")
+            env = dict(common, TRAINING_ROLE="PSERVER", POD_IP=ip, PADDLE_PORT=port)
+            log_path = os.path.join(args.log_dir, f"serverlog.{index}")
+            children.append(_start(f"server {index}", command, env, log_path))
+        print(f"fleetrun: started {len(servers)} servers at {','.join(servers)}", flush=True)
+
+        deadline = time.monotonic() + args.start_timeout
+        waiting = list(zip(servers, children))
+        while waiting:
+            for child in children:
+                if child.process.poll() is not None:
+                    _fail(child, _describe_exit(child.process.returncode) + " while starting")
+                    return child.process.returncode or 1
+            waiting = [(e, c) for e, c in waiting if not _port_open(e)]
+            if waiting and time.monotonic() > deadline:
+                endpoint, child = waiting[0]
+                _fail(child, f"did not listen on {endpoint} within {args.start_timeout:g}s")
+                return 1
+            if waiting:
+                time.sleep(POLL_SECONDS)
+
+        for index, endpoint in enumerate(workers):
+            ip, _, port = endpoint.rpartition(":")
+            env = dict(common, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(index),
+                       POD_IP=ip, PADDLE_PORT=port)
+            log_path = os.path.join(args.log_dir, f"workerlog.{index}")
+            children.append(_start(f"worker {index}", command, env, log_path))
+        print(f"fleetrun: started {len(workers)} workers; logs in {args.log_dir}/", flush=True)
+
+        worker_children = children[len(servers):]
+        while True:
+            for child in children:
+                returncode = child.process.poll()
+                if returncode is None:
+                    continue
+                if returncode == 0:
+                    # A worker that is done, or a server whose run_server()
+                    # returned because every worker called stop_worker().
+                    continue
+                what = _describe_exit(returncode)
+                if child not in worker_children:
+                    what += " before the workers finished"
+                _fail(child, what)
+                return returncode if 0 < returncode < 256 else 1
+            if all(child.process.poll() == 0 for child in worker_children):
+                print("fleetrun: all workers exited, stopping the servers", flush=True)
+                return 0
+            time.sleep(POLL_SECONDS)
+    finally:
+        _stop_all(children)
+
+
+def _run_collective(args: argparse.Namespace) -> int:
+    if args.nproc_per_node < 1:
+        raise SystemExit(f"fleetrun: --nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    port = args.master_port or _free_port(args.master_addr)
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={args.nproc_per_node}",
+        f"--nnodes={args.nnodes}",
+        f"--node_rank={args.node_rank}",
+        f"--master_addr={args.master_addr}",
+        f"--master_port={port}",
+        args.training_script, *args.training_script_args,
+    ]
+    env = _base_env()
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun warns and sets it otherwise
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        return process.wait()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(STOP_GRACE_SECONDS * 2)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _raise_interrupted(signum: int, _frame: object) -> NoReturn:
+    raise _Interrupted(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``fleetrun`` console script. Returns the job's exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    ps_mode = any(
+        value for value in (args.server_num, args.worker_num, args.servers, args.workers)
+    )
+    if ps_mode and args.nproc_per_node is not None:
+        parser.error("give either parameter-server options or --nproc_per_node, not both")
+    if not ps_mode and args.nproc_per_node is None:
+        parser.error(
+            "give --server_num/--worker_num (parameter-server job) or --nproc_per_node "
+            "(collective job)"
+        )
+    previous = {
+        signum: signal.signal(signum, _raise_interrupted)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        if ps_mode:
+            servers, workers = _ps_endpoints(parser, args)
+            status = _run_ps(args, servers, workers)
+        else:
+            status = _run_collective(args)
+    except _Interrupted as interrupted:
+        print(f"fleetrun: {interrupted}, stopped every process", file=sys.stderr, flush=True)
+        status = 128 + interrupted.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
