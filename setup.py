@@ -22,6 +22,12 @@ COMPILE_ARGS = ["-O0", "-g"] if DEBUG else ["-O3"]
 
 EXTENSIONS = [
     Extension(
+        "datafeed._colbuf",
+        ["datafeed/_colbuf.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+    Extension(
         "datafeed._parse",
         ["datafeed/_parse.pyx"],
         define_macros=MACROS,

@@ -24,9 +24,11 @@ from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.math cimport fabs
-from libc.stdint cimport INT32_MAX, int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
+
+from datafeed._colbuf cimport ColumnBuffer, grow, take_columns
 
 import numpy as np
 
@@ -47,30 +49,13 @@ cdef double FLT_MIN_D = 1.1754943508222875e-38   # smallest normal float32
 cdef double FLT_MAX_D = 3.4028234663852886e+38
 
 
-ctypedef struct Column:
-    char* data              # owned: realloc'd here, freed in __dealloc__
-    Py_ssize_t len          # values committed, plus those of the sample being added
-    Py_ssize_t cap
-    int64_t* offs           # sparse slots: rows + 1 offsets, offs[0] == 0
-    Py_ssize_t ocap
-    int kind
-    Py_ssize_t width        # dense slots: values per record; 0 for a sparse slot
-    Py_ssize_t itemsize
+ctypedef ColumnBuffer Column
 
 
 cdef int _grow(void** buf, Py_ssize_t* cap, Py_ssize_t need,
                Py_ssize_t itemsize) except -1:
-    cdef Py_ssize_t newcap = cap[0] * 2
-    cdef void* mem
-    if newcap < need:
-        newcap = need
-    if newcap < 256:
-        newcap = 256
-    mem = realloc(buf[0], newcap * itemsize)
-    if mem == NULL:
+    if grow(buf, cap, need, itemsize):
         raise MemoryError()
-    buf[0] = mem
-    cap[0] = newcap
     return 0
 
 
@@ -155,12 +140,14 @@ cdef class ColumnBuilder:
     cdef Py_ssize_t ncols
     cdef Py_ssize_t nrows
     cdef tuple schema
+    cdef list _dtypes
     cdef list names
 
     def __cinit__(self, tuple schema):
         cdef Py_ssize_t s
         cdef Column* c
         self.schema = schema
+        self._dtypes = [slot.numpy_dtype for slot in schema]
         self.ncols = len(schema)
         self.cols = <Column*>realloc(NULL, max(self.ncols, 1) * sizeof(Column))
         if self.cols == NULL:
@@ -332,50 +319,10 @@ cdef class ColumnBuilder:
         (``offsets`` None for dense slots and for sparse slots whose rows all
         hold the same number of values; int32 unless that would overflow).
         """
-        cdef Py_ssize_t s, r, rows = self.nrows
-        cdef int64_t k
-        cdef Column* c
-        cdef bint uniform
-        cdef unsigned char[::1] out
-        cdef int[::1] o32
-        cdef int64_t[::1] o64
+        cdef Py_ssize_t rows = self.nrows
         if rows == 0:
             return None
-        columns = []
-        for s in range(self.ncols):
-            c = &self.cols[s]
-            # Copied out: the arrays own their memory, the buffers stay ours to reuse.
-            values = np.empty(c.len, dtype=self.schema[s].numpy_dtype)
-            if c.len:
-                out = values.view(np.uint8)
-                with nogil:
-                    memcpy(&out[0], c.data, c.len * c.itemsize)
-            if c.width:
-                columns.append((values, None, c.width))
-                continue
-            k = c.offs[1]
-            uniform = True
-            for r in range(1, rows):
-                if c.offs[r + 1] - c.offs[r] != k:
-                    uniform = False
-                    break
-            if uniform:
-                columns.append((values, None, k))
-            elif c.offs[rows] <= INT32_MAX:
-                offsets = np.empty(rows + 1, dtype=np.int32)
-                o32 = offsets
-                with nogil:
-                    for r in range(rows + 1):
-                        o32[r] = <int>c.offs[r]
-                columns.append((values, offsets, 0))
-            else:
-                offsets = np.empty(rows + 1, dtype=np.int64)
-                o64 = offsets
-                with nogil:
-                    memcpy(&o64[0], c.offs, (rows + 1) * sizeof(int64_t))
-                columns.append((values, offsets, 0))
-        for s in range(self.ncols):
-            self.cols[s].len = 0
+        columns = take_columns(self.cols, self.ncols, rows, self._dtypes)
         self.nrows = 0
         return rows, columns
 
