@@ -16,6 +16,7 @@ and ``RowParallelLinear`` are built from them.
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 from typing import Any
@@ -101,10 +102,25 @@ def init_collective(
     return backend
 
 
-def destroy() -> None:
-    """Leaves the process group (no-op when there is none)."""
-    if dist.is_initialized():
+def destroy(wait_for_peers: bool = True) -> None:
+    """Leaves the process group (no-op when there is none).
+
+    Args:
+        wait_for_peers: first wait (bounded by the group's timeout) until every
+            rank leaves too: rank 0 hosts the rendezvous store, and a rank that
+            tears it down while the others still use it makes them (or itself,
+            at exit) abort.
+    """
+    if not dist.is_initialized():
+        return
+    try:
+        if wait_for_peers:
+            barrier()
+    finally:
         dist.destroy_process_group()
+        # Free finished work objects and dead wrappers now: gloo objects that
+        # outlive the interpreter's finalization abort the process at exit.
+        gc.collect()
 
 
 def _rank() -> int:

@@ -124,11 +124,11 @@ class Fleet:
             )
         logger.info("fleet.init: %s", role)
 
-    def _shutdown_collective(self) -> None:
+    def _shutdown_collective(self, wait_for_peers: bool = False) -> None:
         if self._role is not None and self._role.is_collective and self._role.distributed:
             from . import collective
 
-            collective.destroy()
+            collective.destroy(wait_for_peers)
 
     @property
     def role(self) -> ClusterRole:
@@ -203,12 +203,13 @@ class Fleet:
         self._get_runtime().run_server()
 
     def stop_worker(self) -> None:
-        """PS mode: tells the servers this worker is done. Collective mode: leaves
-        the process group. Otherwise nothing."""
+        """PS mode: tells the servers this worker is done. Collective mode: waits
+        for every rank (bounded by the group's timeout), then leaves the process
+        group. Otherwise nothing."""
         if self._ps_mode:
             self._get_runtime().stop_worker()
         elif self.role.is_collective and self.role.distributed:
-            self._shutdown_collective()
+            self._shutdown_collective(wait_for_peers=True)
             self.model = None  # its DistributedDataParallel wrapper is dead now
         else:
             self._local_note("stop_worker")
