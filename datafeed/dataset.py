@@ -158,9 +158,6 @@ class DatasetBase:
                 + ", ".join(missing)
             )
 
-    # Rows per parsed chunk: large for loads (fewer, bigger arrays), smaller for
-    # streaming, where chunks in flight bound the memory.
-    _chunk_rows = DEFAULT_CHUNK_ROWS
     # A file split into byte ranges hands its records on in file order
     # (QueueDataset streams them as they come: its records interleave anyway).
     _ordered_ranges = True
@@ -175,7 +172,7 @@ class DatasetBase:
                 threads=thread_num or s["thread_num"],
                 skip_bad_lines=s["on_bad_line"] == "skip",
                 max_line_bytes=s["max_line_bytes"],
-                chunk_rows=self._chunk_rows,
+                chunk_rows=DEFAULT_CHUNK_ROWS,
             )
         return ReaderPool(
             self._filelist,
@@ -184,7 +181,7 @@ class DatasetBase:
             threads=thread_num or s["thread_num"],
             skip_bad_lines=s["on_bad_line"] == "skip",
             max_line_bytes=s["max_line_bytes"],
-            chunk_rows=self._chunk_rows,
+            chunk_rows=DEFAULT_CHUNK_ROWS,
             ordered=self._ordered_ranges,
         )
 
@@ -448,7 +445,6 @@ class QueueDataset(DatasetBase):
     """
 
     queue_chunks = 4  # chunks buffered between the readers and the consumer
-    _chunk_rows = 1 << 14
     _ordered_ranges = False
 
     def local_shuffle(self, *args: Any, **kwargs: Any) -> None:
