@@ -4,7 +4,9 @@
 2. runs examples/criteo/reader.py (a generators.MultiSlotDataGenerator) over every
    file as a pipe command, 2 files at a time, into an InMemoryDataset;
 3. shuffles the records with a seed and iterates them as batches of torch tensors;
-4. prints the throughput of each stage and a few decoded records.
+4. prints the throughput of each stage and a few decoded records;
+5. trains wide&deep as a parameter-server job (fleetrun: 1 server + 2 workers on
+   this machine) and prints its held-out AUC.
 
 Run with `make demo`, or `python examples/demo.py --help` for the options.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 import time
 
@@ -27,6 +30,7 @@ from make_data import make_files  # noqa: E402
 from datafeed import InMemoryDataset, Ragged, Slot  # noqa: E402
 
 READER = os.path.join(HERE, "criteo", "reader.py")
+WIDE_AND_DEEP = os.path.join(HERE, "wide_and_deep_ps", "train.py")
 SLOTS = (
     [Slot("dense_feature", "float32", (13,))]
     + [Slot(f"C{i}", "uint64") for i in range(1, 27)]
@@ -42,6 +46,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--train-lines", type=int, default=10_000,
+                        help="lines per file of the training job's data")
+    parser.add_argument("--no-train", action="store_true", help="skip step 5")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
@@ -95,7 +102,29 @@ def main() -> None:
             f"   label={int(first['label'][row])} dense=[{', '.join(f'{v:.2f}' for v in dense[:5].tolist())}, ...] "
             f"C1..C3={[hex(_record(r, row)[0] & (2**64 - 1)) for r in ids[:3]]}"
         )
+    if not args.no_train:
+        train_wide_and_deep(args.out, args.train_lines)
     print("demo finished")
+
+
+def train_wide_and_deep(out: str, lines: int) -> None:
+    """Runs examples/wide_and_deep_ps as a 1-server, 2-worker job and shows its result."""
+    log_dir = os.path.join(out, "log")
+    print("== 5. train: fleetrun --server_num=1 --worker_num=2 examples/wide_and_deep_ps/train.py")
+    started = time.perf_counter()
+    command = [
+        sys.executable, "-m", "trainer.launch", "--server_num=1", "--worker_num=2",
+        f"--log_dir={log_dir}", WIDE_AND_DEEP,
+        "--data", os.path.join(out, "wide_and_deep_data"), "--lines", str(lines),
+    ]
+    finished = subprocess.run(command, timeout=900)
+    with open(os.path.join(log_dir, "workerlog.0")) as log:
+        results = [line.rstrip() for line in log if "AUC" in line]
+    if finished.returncode != 0:
+        raise SystemExit(f"the training job failed (exit status {finished.returncode}); see {log_dir}/")
+    for line in results:
+        print(f"   {line}")
+    print(f"   job finished in {time.perf_counter() - started:.1f} s; logs in {log_dir}/")
 
 
 def _record(ragged: Ragged, row: int) -> list[int]:
