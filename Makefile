@@ -43,8 +43,12 @@ $(PADDLE_VENV)/.installed:
 
 bench-paddle: $(PADDLE_VENV)/.installed
 
+# Each script replaces its own section of benchmarks/RESULTS.md.
+PADDLE_PY = $(if $(wildcard $(PADDLE_VENV)/bin/python),$(PADDLE_VENV)/bin/python,none)
 bench: $(STAMP)
-	$(PY) benchmarks/run_engine.py --paddle-python $(if $(wildcard $(PADDLE_VENV)/bin/python),$(PADDLE_VENV)/bin/python,none)
+	$(PY) benchmarks/run_engine.py --paddle-python $(PADDLE_PY)
+	$(PY) benchmarks/bench_speed.py
+	$(PY) benchmarks/bench_generator.py --paddle-python $(PADDLE_PY)
 
 clean:
 	rm -rf build *.egg-info datafeed/_*.c generators/_*.c datafeed/*.so generators/*.so

@@ -66,6 +66,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, cast
+from results_file import as_section, write_section  # a sibling script
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -351,9 +352,10 @@ def profile(contenders: list[Contender], input_path: Path, top: int = 8) -> None
 
 
 def write_results(text: str) -> None:
-    """Writes the report to benchmarks/results/generator.md."""
+    """Writes the report to benchmarks/results/generator.md and RESULTS.md."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text)
+    write_section("generator", as_section(text))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,10 +31,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from results_file import as_section, write_section  # a sibling script
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "benchmarks" / "data" / "speed"
-PADDLE_PYTHON = "/opt/paddle-venv/bin/python"
+
+
+def default_paddle_python() -> str:
+    """Paddle's interpreter: $FLEETFEED_PADDLE_PYTHON, .venv-paddle (make bench-paddle), /opt."""
+    for candidate in (
+        os.environ.get("FLEETFEED_PADDLE_PYTHON"),
+        str(REPO / ".venv-paddle" / "bin" / "python"),
+        "/opt/paddle-venv/bin/python",
+    ):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return "none"
+
+
+PADDLE_PYTHON = default_paddle_python()
 THREADS = 2
 
 PADDLE_SCRIPT = r"""
@@ -162,6 +177,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=CONTENDERS)
+    parser.add_argument("--paddle-python", default=PADDLE_PYTHON,
+                        help="Paddle 3.3.1's interpreter, or 'none' to leave Paddle out")
     parser.add_argument("--contender", help=argparse.SUPPRESS)  # one run, in this process
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     parser.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
@@ -181,7 +198,10 @@ def main() -> None:
     if os.path.exists(cache):
         os.unlink(cache)  # made afresh by the first in-process run
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env["FLEETFEED_PADDLE_PYTHON"] = args.paddle_python
     order = [c for c in CONTENDERS if c in args.only]
+    if args.paddle_python == "none":
+        order = [c for c in order if c != "paddle"]
     if any(c.startswith("fleetfeed-cache") for c in order) and "fleetfeed-inprocess" not in order:
         order.insert(0, "fleetfeed-inprocess")
     results: dict[str, list[dict]] = {name: [] for name in order}
@@ -237,6 +257,7 @@ def write_report(results: dict[str, list[dict]], paths: list[str], args: argpars
     out = REPO / "benchmarks" / "results" / "speed.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
+    write_section("speed", as_section("\n".join(lines)))
     print("\n".join(lines))
 
 

@@ -30,8 +30,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from make_criteo import make_criteo  # a sibling script, not a package
+from results_file import write_section
 
-BEGIN, END = "<!-- engine:begin -->", "<!-- engine:end -->"
 # Where `make bench-paddle` puts Paddle, then where this project's CI image has it.
 PADDLE_CANDIDATES = (
     ROOT / ".venv-paddle/bin/python",
@@ -300,18 +300,6 @@ def build_report(
     return "\n".join(out)
 
 
-def write_results(path: Path, section: str) -> None:
-    """Put ``section`` between the engine markers of ``path``, keeping the rest."""
-    block = f"{BEGIN}\n{section}\n{END}"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    start, end = text.find(BEGIN), text.find(END)
-    if start != -1 and end > start:
-        text = text[:start] + block + text[end + len(END) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -401,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(section)
     if not args.no_write:
-        write_results(args.results, section)
+        write_section("engine", section, args.results)
         print(f"\nwrote the engine section of {args.results}", file=sys.stderr)
     return 0
 
