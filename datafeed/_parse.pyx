@@ -460,14 +460,15 @@ cdef inline int parse_line(State* st, const unsigned char** pp,
             return fail_at(f, s, tok, ST_COUNT_NONPOS)
         if sb.width and count != sb.width:
             return fail_at(f, s, tok, ST_DENSE_COUNT)
-        # Each value takes two bytes at least (a separator and a digit), so a
-        # lying count cannot make us reserve more than the buffer could hold.
-        room = (end - p) // 2 + 1
-        if room > count:
-            room = count
-        if sb.len + room > sb.cap:
-            if grow(<void**>&sb.data, &sb.cap, sb.len + room, sb.itemsize):
-                return ST_NOMEM
+        if sb.len + count > sb.cap:
+            # Each value takes two bytes at least (a separator and a digit), so a
+            # lying count cannot make us reserve more than the buffer could hold.
+            room = (end - p) // 2 + 1
+            if room > count:
+                room = count
+            if sb.len + room > sb.cap:
+                if grow(<void**>&sb.data, &sb.cap, sb.len + room, sb.itemsize):
+                    return ST_NOMEM
         rc = parse_values(sb, s, count, &p, tok, f)
         if rc:
             return rc
