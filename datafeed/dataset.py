@@ -465,7 +465,7 @@ class QueueDataset(DatasetBase):
         outcome: dict[str, Any] = {}
 
         def sink(_file_index: int, chunk: RecordChunk) -> None:
-            while not pool._stop.is_set():
+            while not pool.stopped:
                 try:
                     chunks.put(chunk, timeout=0.1)
                     return
@@ -482,7 +482,7 @@ class QueueDataset(DatasetBase):
                     chunks.put(done, timeout=0.1)
                     return
                 except queue.Full:
-                    if pool._stop.is_set():
+                    if pool.stopped:
                         return
 
         producer = threading.Thread(target=produce, name="datafeed-queue", daemon=True)

@@ -431,6 +431,11 @@ class InProcessPool:
         self.counters = _Counters()
         self._stop = threading.Event()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether ``stop()`` was called (or a reader failed)."""
+        return self._stop.is_set()
+
     def stop(self) -> None:
         """Ends the load: ``run`` kills the workers and returns within a poll."""
         self._stop.set()

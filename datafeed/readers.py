@@ -311,6 +311,11 @@ class ReaderPool:
 
     # -- control -----------------------------------------------------------------
 
+    @property
+    def stopped(self) -> bool:
+        """Whether ``stop()`` was called (or a reader failed)."""
+        return self._stop.is_set()
+
     def stop(self) -> None:
         """Stops every reader: running commands are killed, threads exit soon after."""
         self._stop.set()
