@@ -67,7 +67,9 @@ class DatasetBase:
             fs_name, fs_ugi, download_cmd: Paddle's remote-file settings.
             **settings: fleetfeed's settings: ``drop_last=False``, ``seed=None``,
                 ``on_bad_line="raise"|"skip"``, ``progress=None`` (a bar on a
-                terminal), ``max_line_bytes``, ``data_generator=None`` (a
+                terminal), ``max_line_bytes``, ``read_timeout=None`` (seconds
+                a pipe command may write nothing before it is stopped with a
+                ``ReaderError``), ``data_generator=None`` (a
                 ``MultiSlotDataGenerator`` subclass or instance run in
                 ``thread_num`` worker processes instead of ``pipe_command``:
                 see ``datafeed.inprocess``); and, on InMemoryDataset,
@@ -183,6 +185,7 @@ class DatasetBase:
             max_line_bytes=s["max_line_bytes"],
             chunk_rows=DEFAULT_CHUNK_ROWS,
             ordered=self._ordered_ranges,
+            read_timeout=s["read_timeout"],
         )
 
     def _log_load(self, stats: LoadStats) -> None:

@@ -204,6 +204,18 @@ class PipeProcess:
         if self.process.returncode != 0:
             raise self._error(self.command, self.process.returncode, self._stderr)
 
+    def timeout_error(self, seconds: float) -> ReaderError:
+        """The error for a command that wrote nothing for ``seconds`` (it is killed)."""
+        tail = _tail_lines(self._stderr, STDERR_TAIL_LINES)
+        message = (
+            f"command {self.command!r} wrote no output for {seconds:g} s on {self.path} "
+            f"(the read_timeout setting); it was stopped"
+        )
+        message += f"; last stderr lines:\n{tail}" if tail else " (no stderr output)"
+        return ReaderError(
+            message, command=self.command, path=self.path, returncode=None, stderr_tail=tail
+        )
+
     def _error(self, command: str, returncode: int, stderr_file) -> ReaderError:
         tail = _tail_lines(stderr_file, STDERR_TAIL_LINES)
         if returncode < 0:
@@ -289,6 +301,7 @@ class ReaderPool:
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         min_range_bytes: int | None = None,
         ordered: bool = True,
+        read_timeout: float | None = None,
     ) -> None:
         self.paths = list(paths)
         self.command = command
@@ -302,6 +315,7 @@ class ReaderPool:
         self.skip_bad_lines = skip_bad_lines
         self.max_line_bytes = max_line_bytes
         self.chunk_rows = chunk_rows
+        self.read_timeout = read_timeout
         self.counters = _Counters()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -407,7 +421,7 @@ class ReaderPool:
                 if self._stop.is_set():  # stop() may have run before we registered
                     process.kill()
                 raw = io.FileIO(process.stdout.fileno(), closefd=False)  # type: ignore[union-attr]
-                nbytes, tail = self._parse_stream(raw, parser, index, sink, poll_fd=raw.fileno())
+                nbytes, tail = self._parse_stream(raw, parser, index, sink, process=process)
                 # The command closed its output: its exit status decides whether the
                 # (possibly cut short) last line is data or the trace of a crash.
                 process.wait()
@@ -432,18 +446,20 @@ class ReaderPool:
         parser: ChunkParser,
         index: int,
         sink: ChunkSink,
-        poll_fd: int | None = None,
+        process: PipeProcess | None = None,
     ) -> tuple[int, bytes]:
         """Feeds everything ``raw`` yields to the parser.
 
-        ``poll_fd`` (a pipe) is polled before each read so that parsed rows are
-        handed on when the command goes quiet. Returns the bytes read and the
-        unconsumed tail (a last line without newline).
+        When ``raw`` is a command's output, it is polled before each read so that
+        parsed rows are handed on when the command goes quiet, and so that a
+        command silent for ``read_timeout`` seconds is stopped with a
+        ``ReaderError``. Returns the bytes read and the unconsumed tail (a last
+        line without newline).
         """
         poller = None
-        if poll_fd is not None:
+        if process is not None:
             poller = select.poll()
-            poller.register(poll_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+            poller.register(raw.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
         buffer = bytearray(READ_BUFFER_BYTES)
         view = memoryview(buffer)
         start = end = 0
@@ -459,8 +475,12 @@ class ReaderPool:
                     view.release()  # a bytearray cannot be resized while a view exists
                     buffer.extend(bytes(len(buffer)))
                     view = memoryview(buffer)
-            if poller is not None and parser.pending_rows and not poller.poll(IDLE_FLUSH_SECONDS * 1000):
-                sink(index, parser.take_chunk())  # type: ignore[arg-type]
+            if poller is not None:
+                if parser.pending_rows and not poller.poll(IDLE_FLUSH_SECONDS * 1000):
+                    sink(index, parser.take_chunk())  # type: ignore[arg-type]
+                if self.read_timeout is not None and not poller.poll(self.read_timeout * 1000):
+                    process.kill()  # type: ignore[union-attr]
+                    raise process.timeout_error(self.read_timeout)  # type: ignore[union-attr]
             n = raw.readinto(view[end:])
             if not n:
                 break

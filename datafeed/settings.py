@@ -30,6 +30,7 @@ FLEETFEED_SETTINGS: dict[str, Any] = {
     "on_bad_line": "raise",
     "progress": None,
     "max_line_bytes": 64 << 20,
+    "read_timeout": None,
     # A generator class or instance run in worker processes instead of
     # pipe_command (datafeed/inprocess.py).
     "data_generator": None,
@@ -80,6 +81,10 @@ def _check(name: str, value: Any) -> Any:
     if name == "on_bad_line":
         if value not in ("raise", "skip"):
             raise SchemaError(f"the 'on_bad_line' setting must be 'raise' or 'skip', got {value!r}")
+        return value
+    if name == "read_timeout":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise SchemaError(f"the 'read_timeout' setting must be None or seconds > 0, got {value!r}")
         return value
     if name == "seed":
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):

@@ -472,3 +472,29 @@ def test_a_line_over_max_line_bytes_is_a_parse_error(tmp_path):
     with pytest.raises(ParseError, match="line 2") as info:
         ds.load_into_memory()
     assert "1000" in str(info.value)
+
+
+def test_read_timeout_stops_a_silent_command(small_files):
+    import time
+
+    ds = make_dataset(pipe_command="head -n 2; echo stuck >&2; sleep 600", read_timeout=0.5, thread_num=1)
+    ds.set_filelist(small_files[:1])
+    started = time.monotonic()
+    with pytest.raises(ReaderError, match=r"wrote no output for 0.5 s on .*part-0.txt") as info:
+        ds.load_into_memory()
+    assert time.monotonic() - started < 10
+    assert info.value.returncode is None and "stuck" in info.value.stderr_tail
+    assert ds.get_memory_data_size() == 0
+
+
+def test_read_timeout_does_not_stop_a_slow_but_steady_command(small_files):
+    ds = make_dataset(pipe_command="while read line; do echo \"$line\"; sleep 0.05; done",
+                      read_timeout=2, thread_num=1)
+    ds.set_filelist(small_files[:1])
+    ds.load_into_memory()
+    assert records_of(ds) == expected(range(5))
+
+
+def test_read_timeout_must_be_positive():
+    with pytest.raises(SchemaError, match="'read_timeout' setting must be None or seconds > 0, got 0"):
+        InMemoryDataset().init(read_timeout=0)
