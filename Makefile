@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_engine.py --paddle-python $(PADDLE_PY)
 	$(PY) benchmarks/bench_speed.py
 	$(PY) benchmarks/bench_generator.py --paddle-python $(PADDLE_PY)
+	$(PY) benchmarks/fuzz_parser.py
 
 clean:
 	rm -rf build *.egg-info datafeed/_*.c generators/_*.c datafeed/*.so generators/*.so
