@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_speed.py
 	$(PY) benchmarks/bench_generator.py --paddle-python $(PADDLE_PY)
 	$(PY) benchmarks/fuzz_parser.py
+	$(PY) benchmarks/soak.py
 
 clean:
 	rm -rf build *.egg-info datafeed/_*.c generators/_*.c datafeed/*.so generators/*.so
