@@ -152,11 +152,20 @@ def read_cache(
         raise CacheError(f"cache {path} is not an Arrow IPC file ({error})") from None
     meta = _metadata(path, reader.schema)
     _check_fresh(path, meta, schema, filelist)
+    _check_columns(path, reader.schema, schema)
     base = np.frombuffer(mapped, dtype=np.uint8)
     base_address = base.ctypes.data
     chunks = []
     for index in range(reader.num_record_batches):
-        batch = reader.get_batch(index)
+        # Never trust a file: offsets out of order or out of bounds would make
+        # later gathers read outside the arrays.
+        try:
+            batch = reader.get_batch(index)
+            batch.validate(full=True)
+        except pa.ArrowInvalid as error:
+            raise CacheError(f"cache {path} is corrupt: record batch {index}: {error}") from None
+        if any(column.null_count for column in batch.columns):
+            raise CacheError(f"cache {path} is corrupt: record batch {index} holds null records")
         widths = meta["uniform_widths"][index]
         columns = tuple(
             _column(batch.column(i), slot, widths[i], base, base_address)
@@ -167,6 +176,17 @@ def read_cache(
     per_file = [FileStats(**f) for f in meta["per_file"]]
     stats = LoadStats.combine(per_file, time.perf_counter() - started)
     return chunks, stats, sources
+
+
+def _check_columns(path: str, found: pa.Schema, schema: SlotSchema) -> None:
+    """The file's columns must have exactly the declared slots' names and types."""
+    expected = arrow_schema_of(schema)
+    got = [(f.name, str(f.type)) for f in found]
+    want = [(f.name, str(f.type)) for f in expected]
+    if got != want:
+        raise CacheError(
+            f"cache {path} does not hold the declared slots: expected columns {want}, found {got}"
+        )
 
 
 def _metadata(path: str, arrow_schema: pa.Schema) -> dict[str, Any]:
@@ -249,6 +269,11 @@ def _column(array: pa.Array, slot: Any, width: int, base: np.ndarray, base_addre
     total = (int(offsets[-1]) - first) if len(offsets) else 0
     values = _view(child_buffer, dtype, child.offset + first, total, base, base_address)
     if width:  # every row holds `width` values: no offsets needed (as from the parser)
+        if len(offsets) > 1 and not bool(np.all(np.diff(offsets) == width)):
+            raise CacheError(
+                f"cache is corrupt: slot {slot.name!r} is recorded as {width} values per "
+                f"record, but its offsets disagree"
+            )
         return SlotColumn(values, None, width)
     if first:
         offsets = offsets - first

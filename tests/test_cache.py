@@ -131,3 +131,38 @@ def test_a_failed_write_leaves_no_file(tmp_path, files, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         ds.save_cache(path)
     assert list(tmp_path.glob("*.arrow")) == [] and list(tmp_path.glob(".*tmp")) == []
+
+
+def test_a_corrupt_cache_is_refused_not_trusted(tmp_path, files):
+    source = dataset(files)
+    source.load_into_memory()
+    path = tmp_path / "records.arrow"
+    source.save_cache(str(path))
+    # Make the second offset of the "ids" column jump backwards: still inside the
+    # values, so only a full validation notices; trusted, it would misplace records.
+    data = bytearray(path.read_bytes())
+    base = pa.py_buffer(bytes(data))  # same bytes, to locate the buffer by address
+    reader = pa.ipc.open_file(base)
+    column = reader.get_batch(0).column("ids")
+    position = column.buffers()[1].address - base.address + 4 * (column.offset + 1)
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)
+    data[position : position + 4] = np.int32(offsets[column.offset + 3] + 1).tobytes()
+    path.write_bytes(bytes(data))
+
+    loaded = dataset(files)
+    with pytest.raises(CacheError, match=r"is corrupt: record batch 0"):
+        loaded.load_cache(str(path))
+    assert loaded.get_memory_data_size() == 0
+
+
+def test_a_cache_with_other_column_types_is_refused(tmp_path, files):
+    source = dataset(files)
+    source.load_into_memory()
+    path = tmp_path / "records.arrow"
+    source.save_cache(str(path))
+    other = [Slot(s.name, "float32" if s.name == "signed" else s.dtype, s.shape) for s in SMALL_SCHEMA]
+    loaded = InMemoryDataset()
+    loaded.init(batch_size=4, use_var=other, progress=False)
+    loaded.set_filelist(files)
+    with pytest.raises(CacheError):
+        loaded.load_cache(str(path))
