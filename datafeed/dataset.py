@@ -304,8 +304,7 @@ class InMemoryDataset(DatasetBase):
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
-        del pool, per_file  # the parsers' buffers go with them
-        release_free_memory()
+        release_free_memory()  # the parsers' buffers, freed with their threads
         self._log_load(stats)
         if cache_path is not None:
             self.save_cache(cache_path)

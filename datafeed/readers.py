@@ -382,7 +382,9 @@ class ReaderPool:
             if position >= len(self.tasks):
                 return
             try:
-                stats = self._read_file(position, lambda _index, chunk: chunks.chunk(position, chunk))
+                stats = self._read_file(
+                    position, lambda _index, chunk, task=position: chunks.chunk(task, chunk)
+                )
                 last_of_file = chunks.done(position, stats)
             except BaseException as error:  # noqa: BLE001 - re-raised in run()
                 with self._lock:
