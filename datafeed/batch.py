@@ -8,6 +8,7 @@ a tensor before modifying it in place.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Union
 
@@ -29,7 +30,7 @@ class Ragged:
     values arrive as int64 tensors holding the same bits (as in Paddle).
     """
 
-    __slots__ = ("values", "offsets")
+    __slots__ = ("offsets", "values")
 
     def __init__(self, values: torch.Tensor, offsets: torch.Tensor) -> None:
         self.values = values
@@ -59,7 +60,7 @@ class Ragged:
         """The values as one Python list per record."""
         offsets = self.offsets.tolist()
         values = self.values.tolist()
-        return [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+        return [values[a:b] for a, b in itertools.pairwise(offsets)]
 
     def __repr__(self) -> str:
         return (
@@ -116,7 +117,7 @@ class BatchBuilder:
         self._schema = schema
         self._offsets_cache: dict[tuple[int, int], torch.Tensor] = {}
 
-    def _uniform_offsets(self, size: int, width: int) -> "torch.Tensor":
+    def _uniform_offsets(self, size: int, width: int) -> torch.Tensor:
         # A fresh arange per slot per batch costs more than the values view itself;
         # these are shared, so callers must not modify offsets in place.
         key = (size, width)

@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import reference_parser  # noqa: E402
-from reference_parser import Result, float32_bits  # noqa: E402
+import reference_parser
+from reference_parser import Result, float32_bits
 
-from datafeed import ParseError, Slot, SlotSchema  # noqa: E402
-from datafeed.parsing import ChunkParser  # noqa: E402
+from datafeed import ParseError, Slot, SlotSchema
+from datafeed.parsing import ChunkParser
 
 DTYPES = ("int64", "uint64", "float32")
 HUGE_TOKENS = [

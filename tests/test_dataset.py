@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import textwrap
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import PYTHON, SMALL_SCHEMA, small_record, write_small_files
+
 from datafeed import (
     DatasetFactory,
     InMemoryDataset,
@@ -27,7 +26,7 @@ from datafeed import (
 
 def make_dataset(cls=InMemoryDataset, **settings) -> InMemoryDataset:
     ds = cls()
-    options = dict(batch_size=4, thread_num=2, use_var=SMALL_SCHEMA, pipe_command="cat", progress=False)
+    options = {"batch_size": 4, "thread_num": 2, "use_var": SMALL_SCHEMA, "pipe_command": "cat", "progress": False}
     options.update(settings)
     ds.init(**options)
     return ds

@@ -48,8 +48,7 @@ def peak_growth(kind: str, paths: list[str], tests_dir: str) -> dict:
 def write_lines(path: Path, start: int, count: int) -> str:
     with open(path, "w") as out:
         block = "".join(small_line(i) for i in range(1000))
-        for _ in range(count // 1000):
-            out.write(block)
+        out.writelines(block for _ in range(count // 1000))
     return str(path)
 
 

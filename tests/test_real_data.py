@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, REPO, SHARED_DATA
+
 from datafeed import InMemoryDataset, QueueDataset, Ragged, Slot
 
 CRITEO_RAW = SHARED_DATA / "criteo_raw.tsv"
