@@ -168,6 +168,44 @@ def test_forward_pools_ragged_records():
     assert emb(torch.tensor([[1, 2, 3], [4, 5, 6]])).shape == (2, 3, 3)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=30), st.sampled_from(["sum", "mean"]))
+def test_pooling_matches_embedding_bag(lengths, mode):
+    """The gather/scatter pooling gives embedding_bag's values and gradients
+    (empty records, one id per record, repeated ids)."""
+    offsets = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)
+    ids = torch.randint(0, 7, (int(offsets[-1]),))
+    emb = SparseEmbedding(3, fresh(), mode=mode)
+    out = emb(Ragged(ids, offsets))
+    (rows,) = [r for _, _, r in sparse._pending.items]
+    weights = torch.randn(out.shape)
+    (out * weights).sum().backward()
+    _, inverse = torch.unique(ids, return_inverse=True)
+    reference_rows = rows.detach().clone().requires_grad_(True)
+    expected = nn.functional.embedding_bag(
+        inverse, reference_rows, offsets, mode=mode, include_last_offset=True
+    )
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(out, expected)
+    if rows.grad is not None or reference_rows.grad is not None:
+        torch.testing.assert_close(rows.grad, reference_rows.grad)
+    sparse.clear_pending()
+
+
+def test_tables_sharing_an_input_reuse_its_distinct_ids_until_it_changes():
+    wide, deep = SparseEmbedding(1, fresh()), SparseEmbedding(2, fresh())
+    ids = torch.tensor([5, 3, 5, 9])
+    x = Ragged(ids, torch.tensor([0, 2, 4]))
+    wide(x)
+    deep(x)
+    (_, first, _), (_, second, _) = sparse._pending.items
+    assert first is second  # one sort, one tensor of distinct ids for both pulls
+    ids[0] = 7  # in place: the next forward must see the new ids
+    deep(x)
+    assert sparse._pending.items[-1][1].tolist() == [3, 5, 7, 9]
+    sparse.clear_pending()
+
+
 def test_shared_name_needs_the_same_settings():
     emb = SparseEmbedding(3, fresh())
     with pytest.raises(ValueError, match="same settings"):
@@ -303,3 +341,32 @@ def test_hogwild_threads_push_their_own_pulls():
         t.join(timeout=60)
     assert not errors
     assert evaluate(model, synthetic(1000, seed=4)) > 0.75
+
+
+def test_geo_store_trains_locally_and_merges_keeping_local_progress():
+    """GEO between syncs: new rows start from their initial value without a
+    server; deltas() sends each touched row's change and makes the sent value
+    the base; merge() takes the servers' value while keeping the training done
+    since the sync was sent."""
+    from trainer.ps.client import GeoStore
+    from trainer.ps.sparse import TableConfig
+
+    config = TableConfig(fresh("geo"), 2, 0, 0.01, None)
+    spec = OptimizerSpec("sgd", {"lr": 1.0})
+    store = GeoStore(None, lambda c: c.make_table(spec))  # type: ignore[arg-type]
+    ids = torch.tensor([4, -8])
+    initial = store.pull(config, ids, training=True)
+    torch.testing.assert_close(initial, config.make_table(spec).pull(ids, create=False))
+    grads = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    store.apply({config.name: (as_u64(ids), grads)})
+    sent_ids, delta = store.deltas()[config.name]
+    order = [list(as_u64(ids)).index(i) for i in sent_ids]
+    assert sorted(order) == [0, 1]
+    torch.testing.assert_close(delta, -grads[order])  # SGD, lr 1
+    store.pull(config, ids, training=True)
+    store.apply({config.name: (as_u64(ids), grads)})  # trained after the sync was sent
+    merged = torch.full((2, 2), 10.0)
+    store.merge(config.name, sent_ids, merged)
+    after = store.pull(config, torch.from_numpy(sent_ids.view(np.int64)), training=False)
+    torch.testing.assert_close(after, merged - grads[order])
+    assert store.deltas()[config.name][1].abs().sum() > 0  # the later training is the next delta

@@ -9,17 +9,43 @@ by ``fleet.distributed_optimizer`` pushes their gradients on ``step()``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .ps import sparse
 from .ps.sparse import DEFAULT_INIT_SCALE, TableConfig
 
 __all__ = ["SparseEmbedding"]
+
+# Per thread: the last ids tensor made distinct, and the result. Tables that
+# take the same input (wide & deep) then share one sort per batch, and one
+# tensor of distinct ids, by which the parameter-server client recognises
+# tables it can pull in one round trip.
+_last_distinct = threading.local()
+
+
+def _distinct(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(ids.reshape(-1), return_inverse=True)``, reused while
+    ``ids`` is the same, unchanged tensor."""
+    last = getattr(_last_distinct, "value", None)
+    if last is not None and last[0] is ids and last[1] == ids._version:
+        return last[2], last[3]
+    flat = ids.reshape(-1)
+    if flat.device.type == "cpu":
+        # numpy's unique is ~2.5x faster than torch's on CPU int64 (measured,
+        # 13k ids); both sort as signed int64, so the results are the same.
+        values, positions = np.unique(flat.numpy(), return_inverse=True)
+        unique = torch.from_numpy(values)
+        inverse = torch.from_numpy(positions.reshape(-1).astype(np.int64, copy=False))
+    else:
+        unique, inverse = torch.unique(flat, return_inverse=True)
+    _last_distinct.value = (ids, ids._version, unique, inverse)
+    return unique, inverse
 
 
 class SparseEmbedding(nn.Module):
@@ -89,7 +115,7 @@ class SparseEmbedding(nn.Module):
             )
         if ids.dtype == torch.uint64:
             ids = ids.view(torch.int64)
-        unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        unique, inverse = _distinct(ids)
         training = self.training and torch.is_grad_enabled()
         rows = sparse.current_store().pull(self.config, unique, training)
         if training:
@@ -100,7 +126,7 @@ class SparseEmbedding(nn.Module):
     def forward(self, x: Any) -> torch.Tensor:
         if isinstance(x, torch.Tensor):
             rows, inverse = self._rows(x)
-            return F.embedding(inverse.view(x.shape), rows)
+            return rows.index_select(0, inverse).view(*x.shape, self.dim)
         values, offsets = getattr(x, "values", None), getattr(x, "offsets", None)
         if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
             raise TypeError(
@@ -108,6 +134,29 @@ class SparseEmbedding(nn.Module):
                 f"an int64 tensor, got {type(x).__name__}"
             )
         rows, inverse = self._rows(values)
-        return F.embedding_bag(
-            inverse, rows, offsets.to(torch.int64), mode=self.mode, include_last_offset=True
+        return _pool(rows, inverse, offsets.to(torch.int64), self.mode)
+
+
+def _pool(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per record, the sum (or mean) of ``rows[inverse[offsets[i]:offsets[i+1]]]``.
+
+    What ``F.embedding_bag`` computes, as a gather and a scatter-add, whose
+    backward on CPU is several times cheaper than embedding_bag's (which sorts
+    the indices); a slot with one id per record (Criteo's) is the gather alone.
+    """
+    size = offsets.shape[0] - 1
+    n = inverse.shape[0]
+    if size < 0 or int(offsets[0]) != 0 or int(offsets[-1]) != n:
+        raise ValueError(
+            f"a Ragged's offsets must run from 0 to the number of values ({n}), "
+            f"got {offsets[:1].tolist()} ... {offsets[-1:].tolist()}"
         )
+    gathered = rows.index_select(0, inverse)
+    if n == size and torch.equal(offsets, torch.arange(size + 1)):
+        return gathered
+    lengths = offsets.diff()
+    bag = torch.repeat_interleave(torch.arange(size), lengths, output_size=n)
+    out = rows.new_zeros(size, rows.shape[1]).index_add_(0, bag, gathered)
+    if mode == "mean":
+        out = out / lengths.clamp(min=1).unsqueeze(1).to(out.dtype)
+    return out

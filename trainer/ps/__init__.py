@@ -135,6 +135,10 @@ class ParameterServerRuntime:
         self._geo_lock = threading.Lock()
         self._dense_base: list[torch.Tensor] = []
         self._presence: transport.PresenceListener | None = None
+        self._push_lock = threading.Lock()
+        self._geo_flight = threading.Lock()  # one GEO sync in flight at a time
+        self._geo_inflight: tuple[list[Any], list[Any]] | None = None
+        self._pushes: dict[int, list[Any]] = {}  # thread -> its async push's futures
 
     # -- model -------------------------------------------------------------------
 
@@ -194,6 +198,11 @@ class ParameterServerRuntime:
         assert self.server is not None
         role = self.role
         endpoint = role.server_endpoints[role.index]
+        if "OMP_NUM_THREADS" not in os.environ:
+            # A server's work is many small numpy/torch calls on RPC threads: one
+            # intra-op thread each; more only contend with the workers beside it
+            # (what torchrun does for several processes on one machine).
+            torch.set_num_threads(1)
         if role.index > 0:
             self._presence = transport.PresenceListener(endpoint)
         transport.set_server_secret(role.job_secret)
@@ -274,6 +283,7 @@ class ParameterServerRuntime:
         if self.local:
             return
         servers = self._connected()
+        self._wait_pushes()
         if self.mode == "geo":
             assert isinstance(self._store, GeoStore)
             self._geo_sync()
@@ -295,6 +305,7 @@ class ParameterServerRuntime:
         if self.servers is None:
             return
         try:
+            self._wait_pushes()
             if self.mode == "geo":
                 self._geo_sync()
             self.servers.call_all(handlers.worker_done, [(self.role.index,)] * len(self.servers))
@@ -312,6 +323,8 @@ class ParameterServerRuntime:
         """Returns once every running worker called barrier_worker()."""
         if self.local or self.servers is None:
             return
+        self._wait_pushes()
+        self._geo_finish()
         self.servers.call(0, handlers.barrier, self.role.index, timeout=_start_timeout())
 
     # -- steps -------------------------------------------------------------------
@@ -327,12 +340,42 @@ class ParameterServerRuntime:
         return self.servers
 
     def _step_async(self) -> None:
+        """Sends this step's push and returns without waiting for it: the next
+        step (of this thread) first waits for it and takes the dense values it
+        returned. So the servers apply a push while the worker computes the
+        next batch, and a worker's dense parameters lag by one step at most
+        more than async mode's arrival order already allows. refresh(),
+        barrier_worker(), save_persistables() and stop_worker() wait for every
+        push in flight; a push that failed raises at the next of those calls."""
         servers = self._connected()
+        self._wait_pushes(threading.get_ident())
         n = len(servers)
         sparse_parts = shard_sparse(sparse.take_gradients(), n)
-        dense_parts = shard_dense(dense_grads(self.params), n)
-        args = [(self.role.index, sparse_parts[s], dense_parts[s]) for s in range(n)]
-        self._set_dense(servers.call_all(handlers.push, args))
+        # The gradients are sent while the caller goes on (zero_grad may reuse them).
+        grads = {i: g.clone() for i, g in dense_grads(self.params).items()}
+        dense_parts = shard_dense(grads, n)
+        futures = [
+            servers.call_async(s, handlers.push, self.role.index, sparse_parts[s], dense_parts[s])
+            for s in range(n)
+        ]
+        with self._push_lock:
+            self._pushes[threading.get_ident()] = futures
+
+    def _wait_pushes(self, thread: int | None = None) -> None:
+        """Waits for the async push in flight of ``thread`` (None: of every
+        thread) and takes the dense values it returned."""
+        with self._push_lock:
+            if thread is None:
+                pending = list(self._pushes.values())
+                self._pushes.clear()
+            else:
+                futures = self._pushes.pop(thread, None)
+                pending = [] if futures is None else [futures]
+        if not pending:
+            return
+        servers = self._connected()
+        for futures in pending:
+            self._set_dense([servers.wait(s, f, "push") for s, f in enumerate(futures)])
 
     def _step_sync(self) -> None:
         servers = self._connected()
@@ -351,28 +394,65 @@ class ParameterServerRuntime:
             self._steps += 1
             due = self._steps % self.k_steps == 0
         if due:
-            self._geo_sync()
+            self._geo_sync(wait=False)
+        else:
+            self._geo_finish(block=False)
 
-    def _geo_sync(self) -> None:
+    def _geo_sync(self, wait: bool = True) -> None:
+        """Pushes every change since the last sync (sparse rows and dense
+        parameters) and merges the servers' answer into the local copy.
+        ``wait=False`` (the sync every k steps) returns once the push is sent:
+        training goes on, and a later step merges the answer when it has come
+        (``_geo_finish``); the next sync, refresh(), barrier/stop and saves
+        wait for it."""
         servers = self._connected()
         store = self._store
         assert isinstance(store, GeoStore)
         n = len(servers)
-        with self._geo_lock:
-            deltas = store.deltas()
-            with torch.no_grad():
-                dense_deltas = {i: p.detach() - self._dense_base[i] for i, p in enumerate(self.params)}
-        sparse_parts = shard_sparse(deltas, n)
-        dense_parts = shard_dense(dense_deltas, n)
-        args = [(self.role.index, sparse_parts[s], dense_parts[s]) for s in range(n)]
-        results = servers.call_all(handlers.geo_push, args)
-        for s, (rows, dense) in enumerate(results):
-            for name, values in rows.items():
-                ids = sparse_parts[s][name][0].numpy()
-                store.refresh(name, ids, values)
-            self._set_dense([dense])
-            for i, value in dense.items():
-                self._dense_base[i] = value.clone()
+        with self._geo_flight:
+            self._geo_finish_locked()
+            with self._geo_lock:
+                deltas = store.deltas()
+                with torch.no_grad():
+                    sent = [p.detach().clone() for p in self.params]
+                    dense_deltas = {i: v - self._dense_base[i] for i, v in enumerate(sent)}
+                    self._dense_base = sent
+            sparse_parts = shard_sparse(deltas, n)
+            dense_parts = shard_dense(dense_deltas, n)
+            futures = [
+                servers.call_async(s, handlers.geo_push, self.role.index, sparse_parts[s], dense_parts[s])
+                for s in range(n)
+            ]
+            self._geo_inflight = (futures, sparse_parts)
+            if wait:
+                self._geo_finish_locked()
+
+    def _geo_finish(self, block: bool = True) -> None:
+        """Merges the answer of the sync in flight (``block=False``: only if it came)."""
+        inflight = self._geo_inflight
+        if inflight is None or (not block and not all(f.done() for f in inflight[0])):
+            return
+        with self._geo_flight:
+            self._geo_finish_locked()
+
+    def _geo_finish_locked(self) -> None:
+        inflight, self._geo_inflight = self._geo_inflight, None
+        if inflight is None:
+            return
+        futures, sparse_parts = inflight
+        servers = self._connected()
+        store = self._store
+        assert isinstance(store, GeoStore)
+        results = [servers.wait(s, f, "geo_push") for s, f in enumerate(futures)]
+        with self._geo_lock, torch.no_grad():
+            for s, (rows, dense) in enumerate(results):
+                for name, values in rows.items():
+                    store.merge(name, sparse_parts[s][name][0].numpy(), values)
+                for i, value in dense.items():
+                    # Keep what local training changed since the sync was sent.
+                    change = value - self._dense_base[i]
+                    self.params[i].add_(change.view_as(self.params[i]))
+                    self._dense_base[i] = value.clone()
 
     # -- checkpoints -------------------------------------------------------------
 
@@ -397,6 +477,7 @@ class ParameterServerRuntime:
                 )
             else:
                 servers = self._connected()
+                self._wait_pushes()
                 if self.mode == "geo":
                     self._geo_sync()
                 server_num = len(servers)
@@ -428,6 +509,8 @@ class ParameterServerRuntime:
                     p.copy_(values[i])
             return
         servers = self._connected()
+        self._wait_pushes()
+        self._geo_finish()
         servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers))
         self._set_dense(servers.call_all(handlers.pull_dense))
         if self.mode == "geo":

@@ -29,6 +29,8 @@ from .transport import ServerSet
 
 def split_by_server(ids: np.ndarray, server_num: int) -> list[np.ndarray]:
     """Positions of ``ids`` owned by each server."""
+    if server_num == 1:
+        return [np.arange(ids.shape[0])]
     owners = shard_of(ids, server_num)
     return [np.flatnonzero(owners == s) for s in range(server_num)]
 
@@ -38,30 +40,70 @@ def _int64(ids: np.ndarray) -> torch.Tensor:
 
 
 class RemoteStore:
-    """Rows pulled from the servers on every forward."""
+    """Rows pulled from the servers on every forward.
+
+    Tables pulled with the same ids tensor in one step (wide&deep's tables
+    share their ids; ``SparseEmbedding`` hands every table of one input the
+    same tensor of distinct ids) are learned as a group: from the next step on,
+    the first table's pull fetches the whole group in one round trip per
+    server, and the others take their rows from that prefetch.
+    """
 
     def __init__(self, servers: ServerSet) -> None:
         self.servers = servers
+        self._followers: dict[str, tuple[TableConfig, ...]] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()  # last pull, prefetched rows (per thread)
 
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
+        local = self._local
+        prefetched = getattr(local, "prefetched", None)
+        if prefetched:
+            hit = prefetched.pop(config.name, None)
+            if hit is not None and hit[0] is ids and hit[1] == training:
+                local.last = (config, ids)
+                return hit[2]
+        last = getattr(local, "last", None)
+        if last is not None and last[1] is ids and last[0].name != config.name:
+            lead = last[0].name
+            with self._lock:
+                group = self._followers.get(lead, ())
+                if config.name not in {c.name for c in group}:
+                    self._followers[lead] = (*group, config)
+        local.last = (config, ids)
+        followers = self._followers.get(config.name, ())
+        rows = self._fetch((config, *followers), ids, training)
+        if followers:
+            local.prefetched = {c.name: (ids, training, r) for c, r in zip(followers, rows[1:])}
+        return rows[0]
+
+    def _fetch(
+        self, configs: Sequence[TableConfig], ids: torch.Tensor, training: bool
+    ) -> list[torch.Tensor]:
+        names = [c.name for c in configs]
         u64 = as_u64(ids)
-        out = torch.empty(u64.shape[0], config.dim, dtype=torch.float32)
-        parts = split_by_server(u64, len(self.servers))
+        if len(self.servers) == 1:
+            return self.servers.call(0, handlers.pull_tables, names, _int64(u64), training)
+        outs = [torch.empty(u64.shape[0], c.dim, dtype=torch.float32) for c in configs]
         futures = []
-        for s, positions in enumerate(parts):
+        for s, positions in enumerate(split_by_server(u64, len(self.servers))):
             if positions.size:
                 futures.append((s, positions, self.servers.call_async(
-                    s, handlers.pull_sparse, config.name, _int64(u64[positions]), training
+                    s, handlers.pull_tables, names, _int64(u64[positions]), training
                 )))
         for s, positions, future in futures:
-            out[torch.from_numpy(positions)] = self.servers.wait(s, future, "pull_sparse")
-        return out
+            index = torch.from_numpy(positions)
+            for out, part in zip(outs, self.servers.wait(s, future, "pull_tables")):
+                out[index] = part
+        return outs
 
 
 def shard_sparse(
     gradients: dict[str, tuple[np.ndarray, torch.Tensor]], server_num: int
 ) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """Per-server parts of per-table (ids, values)."""
+    """Per server: table -> (int64 ids, values) of the rows it owns."""
+    if server_num == 1:
+        return [{name: (_int64(ids), values) for name, (ids, values) in gradients.items()}]
     out: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(server_num)]
     for name, (ids, values) in gradients.items():
         for s, positions in enumerate(split_by_server(ids, server_num)):
@@ -78,64 +120,151 @@ def shard_dense(values: dict[int, torch.Tensor], server_num: int) -> list[dict[i
     return out
 
 
+class _GeoTable:
+    """One table's local copy on a GEO worker: the rows as trained here, and
+    ``base``, the rows as of the last sync, aligned by row number."""
+
+    def __init__(self, table: SparseTable) -> None:
+        self.table = table
+        self.base = np.zeros((0, table.dim), dtype=np.float32)
+        self.touched_rows: list[np.ndarray] = []
+        self.touched_ids: list[np.ndarray] = []
+
+
 class GeoStore:
-    """The worker's local copy of the rows it uses (GEO mode)."""
+    """The worker's local copy of the rows it uses (GEO mode).
+
+    Between syncs everything is local: a row this worker has not seen starts
+    from its initial value (a function of the table's seed and the id, the
+    value every server gives an unwritten row), training updates the local
+    rows, and each sync pushes every touched row's change since the last sync
+    and takes the servers' merged rows back (rows other workers trained reach
+    this worker at its next sync after it touches them, as in Paddle's GEO).
+    Evaluation (``training`` false) reads rows this worker lacks from the
+    servers and creates nothing.
+    """
 
     def __init__(self, servers: ServerSet, make_table: Callable[[TableConfig], SparseTable]) -> None:
         self.servers = servers
         self.remote = RemoteStore(servers)
         self._make_table = make_table
         self._lock = threading.Lock()
-        self.local: dict[str, SparseTable] = {}  # rows as trained here
-        self.base: dict[str, SparseTable] = {}  # rows as of the last sync
-        self.touched: dict[str, list[np.ndarray]] = {}
+        self._tables: dict[str, _GeoTable] = {}
+        # Per thread: table -> (ids, row numbers) of its last training pull, so
+        # that the step's push reuses the row numbers instead of a lookup.
+        self._last = threading.local()
 
-    def _tables(self, config: TableConfig) -> tuple[SparseTable, SparseTable]:
-        with self._lock:
-            if config.name not in self.local:
-                self.local[config.name] = self._make_table(config)
-                self.base[config.name] = self._make_table(config)
-            return self.local[config.name], self.base[config.name]
+    @property
+    def local(self) -> dict[str, SparseTable]:
+        return {name: t.table for name, t in self._tables.items()}
+
+    def _geo(self, config: TableConfig) -> _GeoTable:
+        geo = self._tables.get(config.name)
+        if geo is None:
+            with self._lock:
+                geo = self._tables.get(config.name)
+                if geo is None:
+                    geo = self._tables[config.name] = _GeoTable(self._make_table(config))
+        return geo
 
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
-        local, base = self._tables(config)
+        geo = self._geo(config)
+        table = geo.table
         u64 = as_u64(ids)
-        missing = ~local.present(u64)
-        if missing.any():
-            fetched = self.remote.pull(config, _int64(u64[missing]), training)
-            if not training:
-                out = local.pull(u64, create=False)
-                out[torch.from_numpy(np.flatnonzero(missing))] = fetched
-                return out
-            local.assign(u64[missing], fetched)
-            base.assign(u64[missing], fetched)
-        return local.pull(u64, create=False)
+        if not training:
+            rows = table.rows(u64, create=False)
+            missing = rows < 0
+            out = np.empty((u64.shape[0], table.dim), dtype=np.float32)
+            out[~missing] = table.read_rows(rows[~missing])
+            if missing.any():
+                out[missing] = self.remote.pull(config, _int64(u64[missing]), False).numpy()
+            return torch.from_numpy(out)
+        rows = self._create(geo, u64)
+        last = getattr(self._last, "rows", None)
+        if last is None:
+            last = self._last.rows = {}
+        last[config.name] = (u64, rows)
+        return torch.from_numpy(table.read_rows(rows))
+
+    def _create(self, geo: _GeoTable, ids: np.ndarray) -> np.ndarray:
+        """Row numbers of ``ids``, creating absent rows (base: their initial value)."""
+        table = geo.table
+        with self._lock:
+            before = len(table)
+            rows = table.rows(ids, create=True)
+            after = len(table)
+            if after > before:
+                if after > geo.base.shape[0]:
+                    grown = np.zeros((max(after, 2 * geo.base.shape[0]), table.dim), np.float32)
+                    grown[: geo.base.shape[0]] = geo.base
+                    geo.base = grown
+                geo.base[before:after] = table.read_rows(np.arange(before, after))
+        return rows
+
+    def _rows_of(self, name: str, ids: np.ndarray) -> np.ndarray:
+        last = getattr(self._last, "rows", None) or {}
+        hit = last.pop(name, None)
+        if hit is not None:
+            known, rows = hit
+            if known.shape == ids.shape and (
+                known.__array_interface__["data"][0] == ids.__array_interface__["data"][0]
+                or np.array_equal(known, ids)
+            ):
+                return rows
+        return self._create(self._tables[name], ids)
 
     def apply(self, gradients: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
         """Trains the local rows (the table's optimizer) and notes what changed."""
         for name, (ids, grads) in gradients.items():
-            self.local[name].push(ids, grads)
-            self.touched.setdefault(name, []).append(ids)
+            rows = self._rows_of(name, ids)
+            geo = self._tables[name]
+            geo.table.push_rows(rows, grads)
+            with self._lock:
+                geo.touched_rows.append(rows)
+                geo.touched_ids.append(ids)
 
     def deltas(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
         """Per table: the rows trained since the last sync and their change."""
         out = {}
-        for name, parts in self.touched.items():
-            ids = np.unique(np.concatenate(parts))
-            out[name] = (ids, self.local[name].pull(ids, create=False) - self.base[name].pull(ids, create=False))
-        self.touched = {}
+        with self._lock:
+            for name, geo in self._tables.items():
+                if not geo.touched_rows:
+                    continue
+                rows, first = np.unique(np.concatenate(geo.touched_rows), return_index=True)
+                ids = np.concatenate(geo.touched_ids)[first]
+                geo.touched_rows, geo.touched_ids = [], []
+                values = geo.table.read_rows(rows)
+                out[name] = (ids, torch.from_numpy(values - geo.base[rows]))
+                # What was sent is the new base: changes from here on are the
+                # next sync's delta (merge() adds the servers' answer on top).
+                geo.base[rows] = values
         return out
 
     def clear(self) -> None:
         """Forgets every local row (the next pulls fetch the servers' values)."""
         with self._lock:
-            self.local.clear()
-            self.base.clear()
-            self.touched = {}
+            self._tables.clear()
+            self._last = threading.local()
 
-    def refresh(self, name: str, ids: np.ndarray, rows: torch.Tensor) -> None:
-        self.local[name].assign(ids, rows)
-        self.base[name].assign(ids, rows)
+    def merge(self, name: str, ids: np.ndarray, rows: torch.Tensor) -> None:
+        """Takes the servers' merged values of rows sent by ``deltas()``: they
+        become the base, and the local rows keep what training changed since
+        the sync was sent (local = merged + (local - sent))."""
+        geo = self._tables.get(name)
+        if geo is None:  # cleared meanwhile: the next pull reads the servers
+            return
+        merged = _as_rows(rows)
+        numbers = self._create(geo, ids)
+        with self._lock:
+            change = merged - geo.base[numbers]
+            geo.table.write_rows(numbers, geo.table.read_rows(numbers) + change)
+            geo.base[numbers] = merged
+
+
+def _as_rows(values: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().numpy()
+    return np.asarray(values, dtype=np.float32)
 
 
 class DistributedOptimizer:

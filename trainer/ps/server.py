@@ -264,6 +264,15 @@ def pull_sparse(secret: str | None, name: str, ids: torch.Tensor, create: bool) 
     return _current().table(name).pull(ids, create=create)
 
 
+def pull_tables(
+    secret: str | None, names: Sequence[str], ids: torch.Tensor, create: bool
+) -> list[torch.Tensor]:
+    """The rows of the same distinct ids from several tables (one round trip)."""
+    check_secret(secret)
+    server = _current()
+    return [server.table(name).pull(ids, create=create) for name in names]
+
+
 def pull_dense(secret: str | None) -> dict[int, torch.Tensor]:
     check_secret(secret)
     return _current().dense_values()

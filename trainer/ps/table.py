@@ -97,9 +97,15 @@ class IdIndex:
         """Row number of each id, -1 where the id is absent."""
         ids = as_u64(ids)
         mask = _U64(self.capacity - 1)
-        pos = (mix64(ids) & mask).astype(np.int64)
-        found = np.full(ids.shape[0], -1, dtype=np.int64)
-        active = np.arange(ids.shape[0])
+        pos = (mix64(ids) & mask).view(np.int64)
+        # First probe for every id at once (most ids end here at load <= 1/2),
+        # then only the ids whose slot held another key.
+        rows = self._rows[pos]
+        occupied = rows >= 0
+        hit = occupied & (self._keys[pos] == ids)
+        found = np.where(hit, rows, -1)
+        active = np.flatnonzero(occupied & ~hit)
+        pos[active] = (pos[active] + 1) & int(mask)
         while active.size:
             p = pos[active]
             rows = self._rows[p]
@@ -238,6 +244,40 @@ class SparseTable:
             rows[missing] = new_rows
         return rows
 
+    # -- by row number (a caller that looked ids up once, e.g. GEO's local
+    # tables, reuses the numbers: rows are never removed or renumbered) -------
+
+    def rows(self, ids: np.ndarray | torch.Tensor, create: bool = True) -> np.ndarray:
+        """Row numbers of distinct ``ids`` (-1 where absent and not created)."""
+        ids = as_u64(ids)
+        with self._lock:
+            return self._rows_for(ids, create)
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """A copy of the weights of existing ``rows``."""
+        with self._lock:
+            return self._weights[rows]
+
+    def write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Overwrites the weights of existing ``rows`` (optimizer state unchanged)."""
+        with self._lock:
+            self._weights[rows] = values
+
+    def push_rows(self, rows: np.ndarray, grads: torch.Tensor | np.ndarray) -> None:
+        """Applies the optimizer to existing, distinct ``rows`` with ``grads``."""
+        grad = _as_f32(grads, rows.shape[0], self.dim, self.name)
+        with self._lock:
+            self._apply(rows, grad)
+
+    def _apply(self, rows: np.ndarray, grad: np.ndarray) -> None:
+        # Caller holds the lock.
+        weights = self._weights[rows]
+        state = {key: array[rows] for key, array in self._state.items()}
+        self.optimizer.apply(weights, grad, state)
+        self._weights[rows] = weights
+        for key, value in state.items():
+            self._state[key][rows] = value
+
     def present(self, ids: np.ndarray | torch.Tensor) -> np.ndarray:
         """Whether each id has a row."""
         with self._lock:
@@ -264,13 +304,7 @@ class SparseTable:
         ids = as_u64(ids)
         grad = _as_f32(grads, ids.shape[0], self.dim, self.name)
         with self._lock:
-            rows = self._rows_for(ids, create=True)
-            weights = self._weights[rows]
-            state = {key: array[rows] for key, array in self._state.items()}
-            self.optimizer.apply(weights, grad, state)
-            self._weights[rows] = weights
-            for key, value in state.items():
-                self._state[key][rows] = value
+            self._apply(self._rows_for(ids, create=True), grad)
 
     def add(self, ids: np.ndarray | torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
         """Adds ``deltas`` to the rows of distinct ``ids`` (GEO); returns the new rows."""
