@@ -66,6 +66,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, cast
+
 from results_file import as_section, write_section  # a sibling script
 
 HERE = Path(__file__).resolve().parent

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 from results_file import as_section, write_section  # a sibling script
 
 REPO = Path(__file__).resolve().parent.parent

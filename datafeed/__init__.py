@@ -9,8 +9,10 @@ tensors. ``import datafeed`` does not import torch (the batch stage does, on use
 from .batch import Batch, Ragged
 from .dataset import DatasetBase, DatasetFactory, InMemoryDataset, QueueDataset
 from .errors import CacheError, DatafeedError, ParseError, ReaderError, SchemaError
+from .fs import list_files
 from .readers import FileStats, LoadStats
 from .slots import Slot, SlotSchema
+from .spec import format_slots, parse_slots
 
 __all__ = [
     "Batch",
@@ -28,4 +30,7 @@ __all__ = [
     "SchemaError",
     "Slot",
     "SlotSchema",
+    "format_slots",
+    "list_files",
+    "parse_slots",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import cache, shuffle
+from . import cache, fs, shuffle
 from .batch import Batch, BatchBuilder, concat_rows
 from .columns import RecordChunk
 from .errors import SchemaError
@@ -64,7 +64,9 @@ class DatasetBase:
             pipe_command: shell command run per file, the file on its stdin; its
                 stdout is MultiSlot text.
             input_type: 0 (one record per line), the only supported value.
-            fs_name, fs_ugi, download_cmd: Paddle's remote-file settings.
+            fs_name, fs_ugi, download_cmd: Paddle's remote-file settings;
+                ``fs_name="hdfs://namenode:port"`` (and ``fs_ugi="user,password"``)
+                reads plain paths from that HDFS (datafeed/fs.py).
             **settings: fleetfeed's settings: ``drop_last=False``, ``seed=None``,
                 ``on_bad_line="raise"|"skip"``, ``progress=None`` (a bar on a
                 terminal), ``max_line_bytes``, ``read_timeout=None`` (seconds
@@ -72,7 +74,10 @@ class DatasetBase:
                 ``ReaderError``), ``data_generator=None`` (a
                 ``MultiSlotDataGenerator`` subclass or instance run in
                 ``thread_num`` worker processes instead of ``pipe_command``:
-                see ``datafeed.inprocess``); and, on InMemoryDataset,
+                see ``datafeed.inprocess``), ``filesystem=None`` (a
+                ``pyarrow.fs`` or fsspec filesystem for plain paths; a filelist
+                entry may also be a URI such as ``s3://bucket/key?...``: see
+                ``datafeed.fs``); and, on InMemoryDataset,
                 ``cache=None`` (a cache file path: see ``load_cache``) and
                 Paddle's distributed settings (``fleet_send_batch_size``, ...).
 
@@ -134,7 +139,7 @@ class DatasetBase:
         if isinstance(filelist, (str, bytes, os.PathLike)):
             raise TypeError(f"set_filelist() takes a list of paths, got a single path {filelist!r}")
         paths = [os.fspath(p) for p in filelist]
-        missing = [p for p in paths if not os.path.isfile(p)]
+        missing = fs.missing_files(paths, self._filesystem())
         if missing:
             raise FileNotFoundError(
                 f"{len(missing)} of {len(paths)} input files do not exist: " + ", ".join(missing)
@@ -153,7 +158,7 @@ class DatasetBase:
     def _check_ready(self, what: str) -> None:
         if not len(self.schema):
             raise SchemaError(f"{what}: no slots declared; call init(use_var=[...]) first")
-        missing = [p for p in self._filelist if not os.path.isfile(p)]
+        missing = fs.missing_files(self._filelist, self._filesystem())
         if missing:
             raise FileNotFoundError(
                 f"{len(missing)} of {len(self._filelist)} input files no longer exist: "
@@ -164,9 +169,28 @@ class DatasetBase:
     # (QueueDataset streams them as they come: its records interleave anyway).
     _ordered_ranges = True
 
+    def _filesystem(self) -> Any:
+        """The filesystem of plain paths: the ``filesystem`` setting, else HDFS
+        when Paddle's ``fs_name`` is set (datafeed/fs.py), else local files."""
+        s = self._settings
+        if s["filesystem"] is not None:
+            return s["filesystem"]
+        if s["fs_name"]:
+            key = (s["fs_name"], s["fs_ugi"])
+            if getattr(self, "_hdfs", (None, None))[0] != key:
+                self._hdfs = (key, fs.hdfs_filesystem(*key))
+            return self._hdfs[1]
+        return None
+
     def _reader_pool(self, thread_num: int | None = None) -> ReaderPool | InProcessPool:
         s = self._settings
         if s["data_generator"] is not None:  # the in-process path: no pipe command
+            remote = [p for p in self._filelist if fs.is_remote(p, self._filesystem())]
+            if remote:
+                raise SchemaError(
+                    "the 'data_generator' setting reads local files only; use a "
+                    f"pipe_command for remote files such as {remote[0]}"
+                )
             return InProcessPool(
                 self._filelist,
                 s["data_generator"],
@@ -186,6 +210,7 @@ class DatasetBase:
             chunk_rows=DEFAULT_CHUNK_ROWS,
             ordered=self._ordered_ranges,
             read_timeout=s["read_timeout"],
+            filesystem=self._filesystem(),
         )
 
     def _log_load(self, stats: LoadStats) -> None:
@@ -220,6 +245,14 @@ class InMemoryDataset(DatasetBase):
         self._preload: tuple[threading.Thread, dict[str, Any]] | None = None
         self._shuffles = 0
         self.last_shuffle_seed: int | None = None
+        # The position of iteration and the shuffles that made the order in
+        # memory, for state_dict() (datafeed/state.py).
+        self._history: list[tuple[Any, ...]] = []
+        self._records_before_shuffles = 0
+        self._epoch = 0
+        self._batches = 0
+        self._epoch_started = False
+        self._resume_batches: int | None = None
         # What the records in memory came from, for save_cache().
         self._sources: list[cache.SourceFile] = []
         self._source_stats: list[FileStats] = []
@@ -277,7 +310,13 @@ class InMemoryDataset(DatasetBase):
             return
         # Taken before reading: a file that changes during the load makes the
         # cache stale rather than silently blessed.
-        sources = cache.stat_sources(self._filelist)
+        filesystem = self._filesystem()
+        sources = [
+            cache.SourceFile(p, (info := fs.stat(p, filesystem)).size, info.mtime_ns or 0)
+            if fs.is_remote(p, filesystem)
+            else cache.SourceFile.of(p)
+            for p in self._filelist
+        ]
         pool = self._reader_pool(thread_num)
         per_file: list[list[RecordChunk]] = [[] for _ in self._filelist]
 
@@ -376,19 +415,168 @@ class InMemoryDataset(DatasetBase):
         self._shuffles += 1
         rows = store.rows
         self._store = shuffle.local_shuffle(store, seed, threads=self._settings["thread_num"])
+        self._note_shuffle(("local", seed), rows)
         del store
         release_free_memory()  # the unshuffled chunks
         self.last_shuffle_seed = seed
         logger.info("local_shuffle of %d records with seed %d", rows, seed)
 
     def global_shuffle(self, fleet: Any = None, thread_num: int = 12, seed: int | None = None) -> None:
-        """Shuffles records across workers; without a distributed fleet, a local shuffle."""
-        if fleet is not None and _worker_num(fleet) > 1:
-            raise NotImplementedError(
-                "global_shuffle across several workers is not available yet; "
-                "run one worker or use local_shuffle"
+        """Shuffles the records of every worker across the workers.
+
+        Every worker must call it. Records travel as Arrow IPC buffers over the
+        default ``torch.distributed`` process group (set up by
+        ``fleet.init(is_collective=True)``, ``fleetrun --nproc_per_node``,
+        torchrun, or ``init_process_group``), in rounds of
+        ``fleet_send_batch_size`` records per destination. Afterwards the
+        workers' counts differ by at most one, no record is lost or duplicated
+        (checked), and the outcome is a function of the seed and the inputs
+        (see ``datafeed.global_shuffle``). Without a fleet of several workers
+        and without a process group of several ranks, it is ``local_shuffle``.
+
+        Args:
+            fleet: ``trainer.fleet`` (or any object with ``worker_num()``), or None.
+            thread_num: threads for the local gathers.
+            seed: the same seed on every worker, or None on every worker (then a
+                seed derived from the ``seed`` setting, or rank 0's fresh one, is
+                used); the seed used is logged and kept in ``last_shuffle_seed``.
+
+        Raises:
+            GlobalShuffleError: a peer died or stalled (within the process
+                group's timeout), seeds differ, or records did not add up. A
+                failure once records were sent leaves this worker with none
+                (load again); a failure before keeps them.
+        """
+        from . import global_shuffle as gs
+
+        world = gs.distributed_world()
+        workers = _worker_num(fleet) if fleet is not None else world
+        if workers <= 1 and world <= 1:
+            self.local_shuffle(seed=seed)
+            return
+        if world != workers:
+            raise gs.GlobalShuffleError(
+                f"global_shuffle: the fleet has {workers} workers but the torch.distributed "
+                f"process group has {world} ranks; global_shuffle runs among the ranks of a "
+                "collective job (fleet.init(is_collective=True) or torchrun)",
+                rank=0,
             )
-        self.local_shuffle(seed=seed)
+        self._check_no_preload("global_shuffle")
+        store = self._store or RecordStore(self.schema)
+        store_rows = store.rows
+        if seed is None and self._settings["seed"] is not None:
+            seed = shuffle.derive_seed(self._settings["seed"], self._shuffles)
+        self._store = None  # global_shuffle consumes the store's chunks as it sends them
+        try:
+            self._store, seed = gs.global_shuffle(
+                store,
+                seed,
+                send_batch_size=self._settings["fleet_send_batch_size"],
+                threads=max(1, min(thread_num, 16)),
+            )
+        except BaseException:
+            # A failure before the first round (a peer gone at the start,
+            # different seeds) leaves the records; a later one takes them along.
+            self._store = store if store.rows == store_rows and store_rows else None
+            raise
+        self._shuffles += 1
+        self.last_shuffle_seed = seed
+        self._note_shuffle(("global", seed, world), store_rows)
+        release_free_memory()
+
+    def slots_shuffle(self, slots: Iterable[str], seed: int | None = None) -> None:
+        """Replaces the named slots' values with those of other, random records.
+
+        For feature-importance evaluation (Paddle's ``slots_shuffle``): a model
+        evaluated on the result shows how much it relies on those slots. One
+        seeded permutation moves all the named slots together (a record gets
+        all of them from the same other record); the other slots stay. Unlike
+        Paddle, it needs no ``fea_eval`` setting (a Paddle script's
+        ``fea_eval=True`` is accepted), draws from every record rather than a
+        ``candidate_size`` reservoir, and works on every slot type.
+
+        Args:
+            slots: slot names.
+            seed: the permutation's seed; default derived from the ``seed``
+                setting (or drawn from the OS), logged and kept in the state.
+
+        Raises:
+            SchemaError: a name that is not a slot.
+        """
+        store = self._require_store("slots_shuffle")
+        names = [slots] if isinstance(slots, str) else list(slots)
+        known = {slot.name: i for i, slot in enumerate(self.schema)}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise SchemaError(
+                f"slots_shuffle: no slot named {', '.join(map(repr, unknown))}; the slots "
+                f"are {', '.join(known)}"
+            )
+        if seed is None:
+            base = self._settings["seed"]
+            seed = shuffle.fresh_seed() if base is None else shuffle.derive_seed(base, self._shuffles)
+        self._shuffles += 1
+        indices = sorted({known[n] for n in names})
+        self._store = store.permute_columns(indices, shuffle.permutation(store.rows, seed))
+        self.last_shuffle_seed = seed
+        self._note_shuffle(("slots", seed, [self.schema[i].name for i in indices]), store.rows)
+        logger.info("slots_shuffle of %s over %d records with seed %d", names, store.rows, seed)
+
+    def _note_shuffle(self, entry: tuple[Any, ...], rows_before: int) -> None:
+        if not self._history:
+            self._records_before_shuffles = rows_before
+        self._history.append(entry)
+        self._epoch_started = True
+
+    # -- the position of iteration (datafeed/state.py) ---------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the records completed (a pass completes when iteration ends)."""
+        return self._epoch
+
+    @property
+    def batches_consumed(self) -> int:
+        """Batches yielded so far in the current pass."""
+        return self._batches
+
+    @property
+    def epoch_started(self) -> bool:
+        """Whether the current epoch has begun: a shuffle or a batch since the last
+        completed pass. A resumable loop shuffles only when it has not::
+
+            for epoch in range(ds.epoch, epochs):
+                if not ds.epoch_started:
+                    ds.local_shuffle()
+                for batch in ds: ...
+        """
+        return self._epoch_started
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of iteration and the shuffles behind the order in memory.
+
+        A plain dict of ints, strings and lists (JSON- and ``torch.save``-able).
+        See ``load_state_dict``.
+        """
+        from . import state
+
+        return state.dataset_state(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continues from a ``state_dict()`` of a dataset that loaded the same files.
+
+        Call it after ``load_into_memory()`` and before any shuffle: it replays
+        the recorded shuffles (global ones among the same number of workers:
+        every worker must call it), so the records are in the order they had,
+        and the next iteration starts after the batches already consumed.
+
+        Raises:
+            ValueError: the state does not fit this dataset (another record
+                count, batch size, or shuffles already done here).
+        """
+        from . import state
+
+        state.load_dataset_state(self, state_dict)
 
     # -- inspection --------------------------------------------------------------------
 
@@ -396,13 +584,26 @@ class InMemoryDataset(DatasetBase):
         """Drops the records and gives their memory back to the operating system."""
         self._store = None
         self._sources, self._source_stats = [], []
+        self._history, self._records_before_shuffles = [], 0
+        self._epoch, self._batches, self._epoch_started = 0, 0, False
+        self._resume_batches = None
         release_free_memory()
 
     def get_memory_data_size(self, fleet: Any = None) -> int:
-        """Records in memory (with a fleet of several workers: over all of them)."""
+        """Records in memory; with a fleet of several workers, the sum over all of
+        them (an all-reduce over the default process group: every worker must call it)."""
         local = self._store.rows if self._store is not None else 0
         if fleet is not None and _worker_num(fleet) > 1:
-            raise NotImplementedError("get_memory_data_size across several workers is not available yet")
+            from . import global_shuffle as gs
+
+            if gs.distributed_world() != _worker_num(fleet):
+                raise gs.GlobalShuffleError(
+                    f"get_memory_data_size: the fleet has {_worker_num(fleet)} workers but "
+                    f"the torch.distributed process group has {gs.distributed_world()} "
+                    "ranks; sizes are summed among the ranks of a collective job",
+                    rank=0,
+                )
+            return gs.all_reduce_count(local)
         return local
 
     def get_shuffle_data_size(self, fleet: Any = None) -> int:
@@ -429,11 +630,43 @@ class InMemoryDataset(DatasetBase):
         """One pass over the records in memory, ``batch_size`` records per batch."""
         store = self._require_store("iterating the dataset")
         builder = BatchBuilder(self.schema)
-        for pieces in store.batch_pieces(self.batch_size, self._settings["drop_last"]):
+        # After load_state_dict(), the pass continues after the batches consumed.
+        start, self._resume_batches = self._resume_batches or 0, None
+        limit = self._equal_batch_count(store) if self._settings["equal_batches"] else None
+        self._batches, self._epoch_started = start, True
+        for pieces in store.batch_pieces(
+            self.batch_size, self._settings["drop_last"], start_row=start * self.batch_size
+        ):
+            if limit is not None and self._batches >= limit:
+                break
+            self._batches += 1
             yield builder.from_pieces(pieces)
+        self._epoch += 1
+        self._batches, self._epoch_started = 0, False
+
+    def _equal_batch_count(self, store: RecordStore) -> int | None:
+        """With ``equal_batches`` in a job of several ranks: the fewest batches any
+        rank has this pass (an all-reduce: every rank starts its pass together)."""
+        from . import global_shuffle as gs
+
+        if gs.distributed_world() <= 1:
+            return None
+        rows, size = store.rows, self.batch_size
+        full, rest = divmod(rows, size)
+        local = full + (1 if rest and not self._settings["drop_last"] else 0)
+        limit = gs.all_reduce_count(local, op="min")
+        # Every batch before the limit is full: only a rank's last batch can be short.
+        left_out = rows - limit * size if limit < local else 0
+        log = logger.warning if left_out > size else logger.info
+        log(
+            "equal_batches: %d batches per rank this pass; this rank leaves out %d of "
+            "its %d records",
+            limit, left_out, rows,
+        )
+        return limit
 
     def __len__(self) -> int:
-        """Batches per pass."""
+        """Batches per pass (on this rank; ``equal_batches`` may yield fewer)."""
         rows = self._store.rows if self._store is not None else 0
         full, rest = divmod(rows, self.batch_size)
         return full + (1 if rest and not self._settings["drop_last"] else 0)

@@ -53,7 +53,13 @@ from .columns import RecordChunk, SlotColumn
 from .errors import ParseError, ReaderError, SchemaError
 from .parsing import ChunkParser
 from .ranges import LimitedReader, OrderedChunks, Task, describe, plan_tasks
-from .readers import DEFAULT_CHUNK_ROWS, FileStats, LoadStats, _Counters, merge_file_stats
+from .readers import (
+    DEFAULT_CHUNK_ROWS,
+    FileStats,
+    LoadStats,
+    _Counters,
+    merge_file_stats,
+)
 from .slots import SlotSchema
 
 logger = logging.getLogger("datafeed")

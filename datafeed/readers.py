@@ -25,11 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from . import fs, ranges
 from .columns import RecordChunk
 from .errors import ReaderError
 from .parsing import ChunkParser
-from . import ranges
 from .ranges import LimitedReader, OrderedChunks, describe, plan_tasks
 from .slots import SlotSchema
 
@@ -137,33 +138,47 @@ def is_identity_command(command: str) -> bool:
 class PipeProcess:
     """The pipe command running on one input file, its stdout readable by us."""
 
-    def __init__(self, command: str, path: str, start: int = 0, end: int | None = None) -> None:
+    def __init__(
+        self,
+        command: str,
+        path: str,
+        start: int = 0,
+        end: int | None = None,
+        filesystem: Any = None,
+    ) -> None:
         self.command = command
         self.path = path if end is None else f"{path} (bytes {start}-{end})"
         self._processes: list[subprocess.Popen] = []
         self._stderr = tempfile.TemporaryFile()
         self._gunzip_stderr: io.BufferedRandom | None = None
-        self._input = open(path, "rb")  # noqa: SIM115 - closed in close()
+        # A remote file (datafeed/fs.py) is streamed into the first process's
+        # stdin by a feeder thread; a local one is that stdin itself.
+        remote = fs.is_remote(path, filesystem)
+        self._source: Any = fs.open_input(path, filesystem) if remote else None
+        self._feeder: fs.Feeder | None = None
+        self._input = None if remote else open(path, "rb")  # noqa: SIM115 - closed in close()
         shell_command = command
         if end is not None:
+            if self._input is None:
+                raise ValueError(f"byte ranges of remote files are not supported: {path}")
             # A byte range: the command's stdin starts at `start` (the file
             # offset is shared with the child) and `head` stops it at `end`.
             os.lseek(self._input.fileno(), start, os.SEEK_SET)
             shell_command = f"head -c {end - start} | {command}"
         try:
-            stdin = self._input
+            stdin: Any = self._input if self._input is not None else subprocess.PIPE
             gunzip = None
-            if path.endswith(".gz"):
+            if fs.is_gzip(path):
                 self._gunzip_stderr = tempfile.TemporaryFile()
                 gunzip = subprocess.Popen(
                     ["gzip", "-dc"],
-                    stdin=self._input,
+                    stdin=stdin,
                     stdout=subprocess.PIPE,
                     stderr=self._gunzip_stderr,
                     start_new_session=True,
                 )
                 self._processes.append(gunzip)
-                stdin = gunzip.stdout  # type: ignore[assignment]
+                stdin = gunzip.stdout
             self.process = subprocess.Popen(
                 ["bash", "-c", "set -o pipefail; " + shell_command],
                 stdin=stdin,
@@ -174,6 +189,11 @@ class PipeProcess:
             self._processes.append(self.process)
             if gunzip is not None:
                 gunzip.stdout.close()  # type: ignore[union-attr]  # the command owns it now
+            if self._source is not None:
+                first = self._processes[0]
+                self._feeder = fs.Feeder(self._source, first.stdin, f"datafeed-feed {path}")
+                first.stdin = None  # the feeder owns (and closes) it now
+                self._source = None
         except BaseException:
             self.close()
             raise
@@ -196,6 +216,15 @@ class PipeProcess:
         """Waits for the command; raises ``ReaderError`` if it (or gunzip) failed."""
         for process in self._processes:
             process.wait()
+        if self._feeder is not None:
+            # A remote read that failed half-way must not pass for the file's end.
+            self._feeder.join()
+            if self._feeder.error is not None:
+                error = self._feeder.error
+                raise ReaderError(
+                    f"reading {self.path} failed: {error}",
+                    command=self.command, path=self.path, returncode=None, stderr_tail="",
+                ) from error
         if self._processes[0] is not self.process:
             gunzip = self._processes[0]
             # gunzip killed by SIGPIPE just means the command stopped reading early.
@@ -238,7 +267,12 @@ class PipeProcess:
             if process.stdout is not None:
                 process.stdout.close()
             process.wait()
-        self._input.close()
+        if self._feeder is not None:
+            self._feeder.join()  # the kill above broke its pipe: it ends
+        if self._source is not None:
+            self._source.close()
+        if self._input is not None:
+            self._input.close()
         self._stderr.close()
         if self._gunzip_stderr is not None:
             self._gunzip_stderr.close()
@@ -287,6 +321,8 @@ class ReaderPool:
             this size are split into byte ranges read at once (default:
             ``ranges.MIN_RANGE_BYTES``).
         ordered: hand a split file's chunks on in file order (else as they come).
+        filesystem: the filesystem of plain paths (datafeed/fs.py); URIs name
+            their own. Remote files are read whole, streamed into the command.
     """
 
     def __init__(
@@ -302,14 +338,18 @@ class ReaderPool:
         min_range_bytes: int | None = None,
         ordered: bool = True,
         read_timeout: float | None = None,
+        filesystem: Any = None,
     ) -> None:
         self.paths = list(paths)
+        self.filesystem = filesystem
         self.command = command
         self.schema = schema
         # Fewer files than threads: large files are read as byte ranges at once.
         self.tasks = plan_tasks(
             self.paths, threads, ranges.MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
         )
+        if filesystem is not None:  # files of another filesystem are read whole
+            self.tasks = [(i, p, 0, None) for i, p in enumerate(self.paths)]
         self.ordered = ordered
         self.threads = max(1, min(threads, len(self.tasks) or 1))
         self.skip_bad_lines = skip_bad_lines
@@ -399,7 +439,7 @@ class ReaderPool:
     def _read_file(self, position: int, sink: ChunkSink) -> FileStats:
         index, path, start, end = self.tasks[position]
         started = time.perf_counter()
-        identity = is_identity_command(self.command) and not path.endswith(".gz")
+        identity = is_identity_command(self.command) and not fs.is_gzip(path)
         # A byte range's lines are numbered from its start; its name says so.
         where = describe(self.tasks[position])
         source = where if identity else f"{self.command!r} on {where}"
@@ -408,7 +448,8 @@ class ReaderPool:
         )
         if identity:
             # `cat` would only copy the file through a pipe: read it directly.
-            with open(path, "rb", buffering=0) as file:
+            remote = fs.is_remote(path, self.filesystem)
+            with fs.open_input(path, self.filesystem) if remote else open(path, "rb", buffering=0) as file:
                 raw: io.RawIOBase = file
                 if end is not None:
                     file.seek(start)
@@ -416,7 +457,7 @@ class ReaderPool:
                 nbytes, tail = self._parse_stream(raw, parser, index, sink)
                 self._finish(parser, tail, index, sink)
         else:
-            process = PipeProcess(self.command, path, start, end)
+            process = PipeProcess(self.command, path, start, end, filesystem=self.filesystem)
             with self._lock:
                 self._active.add(process)
             try:

@@ -34,6 +34,9 @@ FLEETFEED_SETTINGS: dict[str, Any] = {
     # A generator class or instance run in worker processes instead of
     # pipe_command (datafeed/inprocess.py).
     "data_generator": None,
+    # The filesystem of plain (non-URI) filelist entries: a pyarrow.fs or
+    # fsspec filesystem (datafeed/fs.py). URIs name their own filesystem.
+    "filesystem": None,
 }
 # InMemoryDataset's extra settings in Paddle (init / update_settings /
 # _init_distributed_settings), accepted so that Paddle scripts run unchanged.
@@ -50,6 +53,10 @@ INMEMORY_SETTINGS: dict[str, Any] = {
     # fleetfeed's own, InMemoryDataset only: a cache file of the parsed
     # records (datafeed/cache.py).
     "cache": None,
+    # In a job of several ranks, every rank yields the same number of batches
+    # per pass (the fewest any rank has), so collective training never waits
+    # on an uneven tail; the records left out are logged.
+    "equal_batches": False,
 }
 
 
@@ -90,7 +97,7 @@ def _check(name: str, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise SchemaError(f"the 'seed' setting must be None or an int >= 0, got {value!r}")
         return value
-    if name in ("drop_last", "fea_eval"):
+    if name in ("drop_last", "fea_eval", "equal_batches"):
         if not isinstance(value, bool):
             raise SchemaError(f"the {name!r} setting must be a bool, got {value!r}")
         return value
@@ -98,6 +105,10 @@ def _check(name: str, value: Any) -> Any:
         if value is not None and not isinstance(value, bool):
             raise SchemaError(f"the 'progress' setting must be None, True or False, got {value!r}")
         return value
+    if name == "filesystem":
+        from .fs import as_filesystem  # imports pyarrow.fs only when set
+
+        return as_filesystem(value)
     if name == "data_generator":
         from .inprocess import check_generator  # imports generators only when set
 

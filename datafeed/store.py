@@ -86,11 +86,37 @@ class RecordStore:
         def gather(i: int) -> None:
             columns[i] = gather_column([c.columns[i] for c in self.chunks], chunk_of, row_of)
 
-        # The gather kernels release the GIL: columns gather in parallel.
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            list(pool.map(gather, range(len(self.schema))))
+        if threads <= 1:  # small gathers (a global shuffle's rounds): no pool to start
+            for i in range(len(self.schema)):
+                gather(i)
+        else:
+            # The gather kernels release the GIL: columns gather in parallel.
+            with ThreadPoolExecutor(max_workers=threads) as pool:
+                list(pool.map(gather, range(len(self.schema))))
         chunk = RecordChunk(tuple(columns), len(permutation))  # type: ignore[arg-type]
         return RecordStore(self.schema, [chunk])
+
+    def permute_columns(self, indices: list[int], permutation: np.ndarray) -> RecordStore:
+        """A new store where, in the slots at ``indices``, row ``i`` holds the
+        values of row ``permutation[i]``; the other slots are shared, not copied."""
+        if not self.chunks:
+            return RecordStore(self.schema)
+        sizes = [c.rows for c in self.chunks]
+        starts = np.cumsum([0] + sizes)
+        permutation = np.asarray(permutation, dtype=np.int64)
+        chunk_of = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)[permutation]
+        row_of = permutation - starts[chunk_of]
+        gathered = {
+            i: gather_column([c.columns[i] for c in self.chunks], chunk_of, row_of)
+            for i in indices
+        }
+        chunks = []
+        for chunk, start in zip(self.chunks, starts):
+            columns = list(chunk.columns)
+            for i, column in gathered.items():
+                columns[i] = _slice_rows(column, int(start), int(start) + chunk.rows)
+            chunks.append(RecordChunk(tuple(columns), chunk.rows))
+        return RecordStore(self.schema, chunks)
 
     def to_arrow(self) -> pa.Table:
         """The records as a ``pyarrow.Table``; values are shared, not copied."""
@@ -134,6 +160,15 @@ def gather_column(
         values.view(np.uint8),
     )
     return SlotColumn(values, offsets, 0)
+
+
+def _slice_rows(column: SlotColumn, start: int, stop: int) -> SlotColumn:
+    """Rows ``start:stop`` of a column (values shared; offsets rebased)."""
+    if column.offsets is None:
+        w = column.width
+        return SlotColumn(column.values[start * w : stop * w], None, w)
+    lo, hi = int(column.offsets[start]), int(column.offsets[stop])
+    return SlotColumn(column.values[lo:hi], column.offsets[start : stop + 1] - lo, 0)
 
 
 def _offsets64(column: SlotColumn) -> np.ndarray:

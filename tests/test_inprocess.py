@@ -18,7 +18,14 @@ from conftest import PYTHON, REPO, SHARED_DATA, child_pids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datafeed import InMemoryDataset, ParseError, QueueDataset, ReaderError, SchemaError, Slot
+from datafeed import (
+    InMemoryDataset,
+    ParseError,
+    QueueDataset,
+    ReaderError,
+    SchemaError,
+    Slot,
+)
 from datafeed.inprocess import InProcessPool, _FileLoader
 from datafeed.parsing import parse_bytes
 from datafeed.slots import SlotSchema

@@ -15,7 +15,7 @@ from paddle.distributed.fleet import MultiSlotDataGenerator
 sys.modules["generators"] = types.SimpleNamespace(MultiSlotDataGenerator=MultiSlotDataGenerator)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "criteo"))
 
-from reader import CriteoReader  # noqa: E402
+from reader import CriteoReader
 
 if __name__ == "__main__":
     CriteoReader().run_from_stdin()
