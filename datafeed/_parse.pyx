@@ -12,7 +12,7 @@ Option handling and the public API live in ``datafeed/parsing.py``.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, strtof
 from libc.string cimport memchr, memcpy
 
@@ -92,6 +92,7 @@ ctypedef struct State:
     bint skip               # on_bad_line="skip"
     bint want_message       # skip mode: return to the wrapper at the next bad line
     Py_ssize_t max_line
+    Py_ssize_t ocap         # the least offsets capacity of the sparse slots
 
 
 ctypedef struct Fail:
@@ -205,6 +206,126 @@ cdef bint u64_overflows(const unsigned char* p, const unsigned char* e) noexcept
         if p[i] != limit[i]:
             return p[i] > limit[i]
     return False
+
+
+# -- digit runs, eight bytes at a time -----------------------------------------------
+# The fast paths read eight bytes at once (SWAR: SIMD within a register) where at
+# least eight bytes of the region are left, so that such reads stay inside the
+# caller's buffer, and the machine is little-endian (the first byte is the lowest).
+# One read finds where a run of digits ends (digit_flags, then count trailing zero
+# bits) and a few multiplications give its value, with no branch per digit. Where
+# DATAFEED_SWAR is 0 (another compiler or byte order, or -DDATAFEED_SWAR=0 to test
+# it) the same functions go one byte at a time.
+
+cdef extern from *:
+    """
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ \\
+        && (defined(__GNUC__) || defined(__clang__))
+    #ifndef DATAFEED_SWAR  /* -DDATAFEED_SWAR=0 tests the byte-at-a-time paths */
+    #define DATAFEED_SWAR 1
+    #endif
+    #define datafeed_ctz64(x) __builtin_ctzll(x)
+    /* Steps over one blank with a (well predicted) branch: the empty asm keeps
+       the compiler from turning it into a conditional add, which would put a
+       load on the chain of dependent pointers from token to token. */
+    static inline const unsigned char* datafeed_skip_blank(const unsigned char* p) {
+        if (p[0] == 32) {
+            __asm__("" : "+r"(p));
+            p++;
+        }
+        return p;
+    }
+    #else
+    #define datafeed_skip_blank(p) ((p) + ((p)[0] == 32))
+    #undef DATAFEED_SWAR
+    #define DATAFEED_SWAR 0
+    #define datafeed_ctz64(x) 0
+    #endif
+    """
+    const bint DATAFEED_SWAR
+    const Py_ssize_t PY_SSIZE_T_MAX
+    int datafeed_ctz64(uint64_t x) noexcept nogil
+    const unsigned char* datafeed_skip_blank(const unsigned char* p) noexcept nogil
+
+
+# 10**0 .. 10**19 as integers.
+cdef uint64_t POW10_U64[20]
+POW10_U64[:] = [10 ** k for k in range(20)]
+
+
+cdef inline uint64_t eight_digits(uint64_t w) noexcept nogil:
+    """The value of 8 ASCII digits (the first in the lowest byte), or of fewer
+    shifted up to the top bytes with zero bytes below."""
+    w = ((w & 0x0F0F0F0F0F0F0F0FULL) * 2561) >> 8                  # pairs
+    w = ((w & 0x00FF00FF00FF00FFULL) * 6553601) >> 16              # fours
+    return ((w & 0x0000FFFF0000FFFFULL) * 42949672960001ULL) >> 32  # eight
+
+
+cdef inline uint64_t digit_flags(uint64_t w) noexcept nogil:
+    """Bit 7 of each byte of ``w`` that is not an ASCII digit, exact up to the
+    lowest one: a byte below b"0" borrows in the subtraction, one above b"9"
+    carries into bit 7 in the addition, and digits do neither."""
+    return (((w + 0x4646464646464646ULL) | (w - 0x3030303030303030ULL))
+            & 0x8080808080808080ULL)
+
+
+cdef inline uint64_t low_digits(uint64_t t, Py_ssize_t b) noexcept nogil:
+    """The value of the low ``b >> 3`` (1 to 8) bytes of ``t``, each 0 to 9 (``t``
+    is eight digits less b"0" each; ``b`` is 8 * digits + 7): they are shifted
+    up to the top bytes, zeros below, and combined as by eight_digits."""
+    t = t << (71 - b)
+    t = (t * 2561) >> 8
+    t = ((t & 0x00FF00FF00FF00FFULL) * 6553601) >> 16
+    return ((t & 0x0000FFFF0000FFFFULL) * 42949672960001ULL) >> 32
+
+
+cdef const unsigned char* scan_long(const unsigned char* p, const unsigned char* end,
+                                    uint64_t v, uint64_t* out) noexcept nogil:
+    """scan_run for any length, going on from a value ``v`` of the digits before
+    ``p``: eight bytes at a time, then one at a time."""
+    cdef uint64_t w, m
+    cdef unsigned int d
+    cdef int b
+    if DATAFEED_SWAR:
+        while end - p >= 8:
+            memcpy(&w, p, 8)
+            m = digit_flags(w)
+            if m == 0:
+                v = v * 100000000 + eight_digits(w)
+                p += 8
+                continue
+            b = datafeed_ctz64(m)           # 8 * digits + 7
+            if b > 7:
+                v = v * POW10_U64[b >> 3] + eight_digits(w << (71 - b))
+                p += b >> 3
+            out[0] = v
+            return p
+    d = p[0] - 48
+    while d <= 9:
+        v = v * 10 + d
+        p += 1
+        d = p[0] - 48
+    out[0] = v
+    return p
+
+
+cdef inline const unsigned char* scan_run(const unsigned char* p,
+                                          const unsigned char* end,
+                                          uint64_t* out) noexcept nogil:
+    """Reads the run of ASCII digits at ``p`` (possibly empty) into ``*out``,
+    modulo 2**64, and returns its end. [p, end) ends with a non-digit (b"\\n").
+    A run of up to 7 digits takes one 8-byte read."""
+    cdef uint64_t w, m
+    cdef int b
+    if DATAFEED_SWAR and end - p >= 8:
+        memcpy(&w, p, 8)
+        m = digit_flags(w)
+        if m != 0:
+            b = datafeed_ctz64(m)           # 8 * digits + 7
+            out[0] = eight_digits(w << (71 - b)) if b > 7 else 0
+            return p + (b >> 3)
+        return scan_long(p + 8, end, eight_digits(w), out)
+    return scan_long(p, end, 0, out)
 
 
 # -- values -------------------------------------------------------------------------
@@ -398,37 +519,260 @@ cdef inline int fail_at(Fail* f, Py_ssize_t slot, const unsigned char* tok,
     return code
 
 
-cdef inline int parse_values(SlotBuf* sb, Py_ssize_t s, int64_t count,
-                             const unsigned char** pp, const unsigned char* count_tok,
-                             Fail* f) noexcept nogil:
-    """Appends ``count`` values (space already reserved) of slot ``sb``."""
-    cdef const unsigned char* p = pp[0]
+cdef int slow_value(int kind, Py_ssize_t s, Py_ssize_t i, const unsigned char* p,
+                    const unsigned char** next, char* out,
+                    const unsigned char* count_tok, Fail* f) noexcept nogil:
+    """Value ``i`` of slot ``s`` at ``p``, where a fast path of the ``values_*``
+    loops left it: skips blanks, then the general scanners, and every error.
+    Sets *next to the end of the value."""
     cdef const unsigned char* tok
-    cdef Py_ssize_t i
-    cdef int kind = sb.kind
     cdef int rc
-    cdef char* out = sb.data + sb.len * sb.itemsize
+    while p[0] == 32 or p[0] == 9:
+        p += 1
+    tok = p
+    if at_eol(tok):
+        f.found = i
+        f.count_tok = count_tok
+        f.count_end = token_end(count_tok)
+        return fail_at(f, s, NULL, ST_TOO_FEW)
+    if kind == KIND_UINT64:
+        if scan_u64(&p, &(<uint64_t*>out)[i]):
+            return fail_at(f, s, tok, classify_bad_int(tok, token_end(tok), kind))
+    elif kind == KIND_INT64:
+        if scan_i64(&p, &(<int64_t*>out)[i]):
+            return fail_at(f, s, tok, classify_bad_int(tok, token_end(tok), kind))
+    else:
+        rc = scan_f32(&p, &(<float*>out)[i])
+        if rc:
+            return fail_at(f, s, tok, rc)
+    next[0] = p
+    return ST_OK
+
+
+# One loop per slot type. Each appends ``count`` values (space already reserved).
+# Its fast paths take a token that follows one blank and has the usual form
+# whole, and give the value the scanner would; any other token goes, from where
+# the fast path found it, to slow_value, so that what is accepted, its value and
+# every error are exactly those of the scanners above.
+
+cdef inline const unsigned char* one_u64(const unsigned char* p, uintptr_t end8,
+                                         uint64_t* out) noexcept nogil:
+    """The fast path for a uint64 value: after one blank, one to seven digits and
+    a delimiter, in one 8-byte read. Returns the end of the value, or NULL
+    (nothing written) when the value is not of that form. ``end8`` is the
+    address of the region's end less 8: reading 8 bytes at ``p`` is safe when
+    ``p <= end8``."""
+    cdef const unsigned char* q
+    cdef uint64_t w, t, m
+    cdef Py_ssize_t b
+    p = datafeed_skip_blank(p)
+    if DATAFEED_SWAR and <uintptr_t>p <= end8:
+        memcpy(&w, p, 8)
+        t = w - 0x3030303030303030ULL
+        m = ((w + 0x4646464646464646ULL) | t) & 0x8080808080808080ULL   # digit_flags
+        if m != 0:
+            b = datafeed_ctz64(m)           # 8 * digits + 7
+            q = p + (b >> 3)
+            if b > 7 and at_delim(q):
+                out[0] = low_digits(t, b)
+                return q
+    return NULL
+
+
+cdef inline int values_u64(SlotBuf* sb, Py_ssize_t s, int64_t count,
+                           const unsigned char** pp, const unsigned char* end,
+                           const unsigned char* count_tok, Fail* f) noexcept nogil:
+    cdef const unsigned char* p = pp[0]
+    cdef const unsigned char* q
+    cdef const unsigned char* tok
+    cdef uint64_t* out = (<uint64_t*>sb.data) + sb.len
+    cdef uintptr_t end8 = <uintptr_t>end - 8
+    cdef uint64_t v
+    cdef Py_ssize_t i
+    cdef int rc
     for i in range(count):
-        while p[0] == 32 or p[0] == 9:
+        q = one_u64(p, end8, &out[i])
+        if q != NULL:
+            p = q
+            continue
+        if p[0] == 32:
             p += 1
-        if at_eol(p):
-            f.found = i
-            f.count_tok = count_tok
-            f.count_end = token_end(count_tok)
-            return fail_at(f, s, NULL, ST_TOO_FEW)
         tok = p
-        if kind == KIND_UINT64:
-            if scan_u64(&p, &(<uint64_t*>out)[i]):
-                return fail_at(f, s, tok, classify_bad_int(tok, token_end(tok), kind))
-        elif kind == KIND_INT64:
-            if scan_i64(&p, &(<int64_t*>out)[i]):
-                return fail_at(f, s, tok, classify_bad_int(tok, token_end(tok), kind))
-        else:
-            rc = scan_f32(&p, &(<float*>out)[i])
-            if rc:
-                return fail_at(f, s, tok, rc)
+        if <unsigned int>(p[0] - 48) <= 9:            # scan_u64 without a '+'
+            p = scan_run(p, end, &v)
+            if at_delim(p) and (p - tok <= 19 or not u64_overflows(tok, p)):
+                out[i] = v
+                continue
+            p = tok
+        rc = slow_value(KIND_UINT64, s, i, p, &q, <char*>out, count_tok, f)
+        if rc:
+            return rc
+        p = q
     sb.len += count
     pp[0] = p
+    return ST_OK
+
+
+cdef inline int values_i64(SlotBuf* sb, Py_ssize_t s, int64_t count,
+                           const unsigned char** pp, const unsigned char* end,
+                           const unsigned char* count_tok, Fail* f) noexcept nogil:
+    cdef const unsigned char* p = pp[0]
+    cdef const unsigned char* q
+    cdef const unsigned char* tok
+    cdef const unsigned char* first
+    cdef int64_t* out = (<int64_t*>sb.data) + sb.len
+    cdef uint64_t v
+    cdef Py_ssize_t i
+    cdef int rc
+    for i in range(count):
+        if p[0] == 32:
+            p += 1
+        tok = p
+        first = p + (p[0] == 45)
+        if <unsigned int>(first[0] - 48) <= 9:        # [-]digits, as scan_i64
+            p = scan_run(first, end, &v)
+            if at_delim(p) and p - first <= 18:       # below 10**18: in range
+                out[i] = <int64_t>(0 - v) if first != tok else <int64_t>v
+                continue
+            p = tok
+        rc = slow_value(KIND_INT64, s, i, p, &q, <char*>out, count_tok, f)
+        if rc:
+            return rc
+        p = q
+    sb.len += count
+    pp[0] = p
+    return ST_OK
+
+
+cdef inline int values_f32(SlotBuf* sb, Py_ssize_t s, int64_t count,
+                           const unsigned char** pp, const unsigned char* end,
+                           const unsigned char* count_tok, Fail* f) noexcept nogil:
+    """scan_f32's fast paths: ``[0-9].[0-9]{1,15}`` in one or two 8-byte reads,
+    then plain decimals ``-?[0-9]+(\\.[0-9]*)?``."""
+    cdef const unsigned char* p = pp[0]
+    cdef const unsigned char* q
+    cdef const unsigned char* first
+    cdef float* out = (<float*>sb.data) + sb.len
+    cdef uintptr_t end10 = <uintptr_t>end - 10     # 8-byte reads at p + 2 are safe
+    cdef uint64_t ipart, fpart, mant, bits, w, t, t2, m
+    cdef Py_ssize_t i, nint, frac, b
+    cdef double dv
+    cdef float fl
+    cdef int rc
+    for i in range(count):
+        if p[0] == 32:
+            p += 1
+        if (DATAFEED_SWAR and <uintptr_t>p <= end10 and <unsigned int>(p[0] - 48) <= 9
+                and p[1] == 46):
+            # One digit, '.', and the fraction's digits up to a delimiter.
+            memcpy(&w, p + 2, 8)
+            t = w - 0x3030303030303030ULL
+            m = ((w + 0x4646464646464646ULL) | t) & 0x8080808080808080ULL
+            frac = 0
+            if m != 0:
+                b = datafeed_ctz64(m)       # 8 * digits + 7
+                if b > 7:
+                    frac = b >> 3
+                    fpart = low_digits(t, b)
+            elif <uintptr_t>p <= end10 - 8:  # eight digits, then more
+                memcpy(&w, p + 10, 8)
+                t2 = w - 0x3030303030303030ULL
+                m = ((w + 0x4646464646464646ULL) | t2) & 0x8080808080808080ULL
+                if m != 0:
+                    b = datafeed_ctz64(m)
+                    frac = 8 + (b >> 3)
+                    fpart = low_digits(t, 71) * POW10_U64[b >> 3]
+                    if b > 7:
+                        fpart += low_digits(t2, b)
+            q = p + 2 + frac
+            if frac and at_delim(q):
+                # As scan_f32: 1 + frac <= 16 digits, exact up to 2**53; the
+                # quotient lies in [1e-15, 10), well inside float32's normals.
+                mant = (p[0] - 48) * POW10_U64[frac] + fpart
+                if mant == 0:
+                    out[i] = 0.0
+                    p = q
+                    continue
+                if mant <= TWO53:
+                    dv = <double>mant / POW10[frac]
+                    memcpy(&bits, &dv, 8)
+                    if (bits & 0x1FFFFFFF) != 0x10000000:
+                        out[i] = <float>dv
+                        p = q
+                        continue
+        q = p + (p[0] == 45)
+        if <unsigned int>(q[0] - 48) <= 9:
+            first = q
+            if <unsigned int>(q[1] - 48) <= 9:
+                q = scan_run(q, end, &ipart)
+            else:                                     # one digit, as often
+                ipart = q[0] - 48
+                q += 1
+            nint = q - first
+            frac = 0
+            fpart = 0
+            if q[0] == 46:                            # '.'
+                q += 1
+                first = q
+                q = scan_run(q, end, &fpart)
+                frac = q - first
+            if at_delim(q) and nint + frac <= 19:
+                mant = ipart * POW10_U64[frac] + fpart
+                if mant == 0:
+                    out[i] = -0.0 if p[0] == 45 else 0.0
+                    p = q
+                    continue
+                if mant <= TWO53:
+                    dv = <double>mant
+                    if frac:
+                        dv = dv / POW10[frac]
+                    if FLT_MIN_D <= dv <= FLT_MAX_D:
+                        memcpy(&bits, &dv, 8)
+                        if (bits & 0x1FFFFFFF) != 0x10000000:
+                            fl = <float>dv
+                            out[i] = -fl if p[0] == 45 else fl
+                            p = q
+                            continue
+        rc = slow_value(KIND_FLOAT32, s, i, p, &q, <char*>out, count_tok, f)
+        if rc:
+            return rc
+        p = q
+    sb.len += count
+    pp[0] = p
+    return ST_OK
+
+
+cdef int grow_offsets(State* st) noexcept nogil:
+    """Makes room for one more row in the offsets of every sparse slot."""
+    cdef Py_ssize_t s
+    cdef SlotBuf* sb
+    cdef Py_ssize_t least = PY_SSIZE_T_MAX
+    for s in range(st.nslots):
+        sb = &st.slots[s]
+        if sb.width:
+            continue
+        if st.rows + 2 > sb.ocap:
+            if grow(<void**>&sb.offs, &sb.ocap, st.rows + 2, sizeof(int64_t)):
+                return ST_NOMEM
+        if sb.ocap < least:
+            least = sb.ocap
+    st.ocap = least
+    return ST_OK
+
+
+cdef int slow_count(Py_ssize_t s, const unsigned char* p, const unsigned char** next,
+                    int64_t* count, Fail* f) noexcept nogil:
+    """Slot ``s``'s value count at ``p`` (after its blanks), where the fast path
+    left it: scan_count, and every error. Sets *next to the end of the count."""
+    cdef const unsigned char* tok = p
+    if at_eol(tok):
+        f.found = s
+        return fail_at(f, s, NULL, ST_MISSING_SLOT)
+    if scan_count(&p, count):
+        return fail_at(f, s, tok, ST_BAD_COUNT)
+    if count[0] <= 0:
+        return fail_at(f, s, tok, ST_COUNT_NONPOS)
+    next[0] = p
     return ST_OK
 
 
@@ -437,46 +781,84 @@ cdef inline int parse_line(State* st, const unsigned char** pp,
                            Fail* f) noexcept nogil:
     """Parses one line into the slot buffers; *pp ends on its b"\\n"."""
     cdef const unsigned char* p = pp[0]
+    cdef const unsigned char* q
     cdef const unsigned char* tok
+    cdef uintptr_t end8 = <uintptr_t>end - 8
     cdef SlotBuf* sb
-    cdef Py_ssize_t s, room
+    cdef SlotBuf* slots
+    cdef Py_ssize_t s, room, nslots, row, width, n
     cdef int64_t count
+    cdef unsigned int d
     cdef int rc
     while p[0] == 32 or p[0] == 9:
         p += 1
     if at_eol(p):
         return fail_at(f, -1, p, ST_BLANK)
-    for s in range(st.nslots):
-        sb = &st.slots[s]
-        while p[0] == 32 or p[0] == 9:
+    if st.rows + 2 > st.ocap:
+        if grow_offsets(st):
+            return ST_NOMEM
+    slots = st.slots
+    nslots = st.nslots
+    row = st.rows + 1
+    for s in range(nslots):
+        sb = &slots[s]
+        # The usual count: after one blank, one or two digits without a sign or
+        # a leading zero. Anything else goes to slow_count.
+        if p[0] == 32:
             p += 1
-        if at_eol(p):
-            f.found = s
-            return fail_at(f, s, NULL, ST_MISSING_SLOT)
         tok = p
-        if scan_count(&p, &count):
-            return fail_at(f, s, tok, ST_BAD_COUNT)
-        if count <= 0:
-            return fail_at(f, s, tok, ST_COUNT_NONPOS)
-        if sb.width and count != sb.width:
+        d = p[0] - 49
+        if d <= 8 and p[1] == 32:
+            count = d + 1                   # one digit and a blank
+            p += 1
+        else:
+            count = 0
+            if d <= 8 and <unsigned int>(p[1] - 48) <= 9 and at_delim(p + 2):
+                count = (d + 1) * 10 + (p[1] - 48)
+                p += 2
+            elif d <= 8 and at_delim(p + 1):
+                count = d + 1
+                p += 1
+            else:
+                while p[0] == 32 or p[0] == 9:
+                    p += 1
+                tok = p
+                rc = slow_count(s, p, &q, &count, f)
+                if rc:
+                    return rc
+                p = q
+        width = sb.width
+        n = sb.len
+        if width and count != width:
             return fail_at(f, s, tok, ST_DENSE_COUNT)
-        if sb.len + count > sb.cap:
+        if n + count > sb.cap:
             # Each value takes two bytes at least (a separator and a digit), so a
             # lying count cannot make us reserve more than the buffer could hold.
             room = (end - p) // 2 + 1
             if room > count:
                 room = count
-            if sb.len + room > sb.cap:
-                if grow(<void**>&sb.data, &sb.cap, sb.len + room, sb.itemsize):
+            if n + room > sb.cap:
+                if grow(<void**>&sb.data, &sb.cap, n + room, sb.itemsize):
                     return ST_NOMEM
-        rc = parse_values(sb, s, count, &p, tok, f)
-        if rc:
-            return rc
-        if not sb.width:
-            if st.rows + 2 > sb.ocap:
-                if grow(<void**>&sb.offs, &sb.ocap, st.rows + 2, sizeof(int64_t)):
-                    return ST_NOMEM
-            sb.offs[st.rows + 1] = sb.len
+        q = NULL
+        if count == 1 and sb.kind == KIND_UINT64:   # a sparse id, the commonest slot
+            q = one_u64(p, end8, (<uint64_t*>sb.data) + n)
+        if q != NULL:
+            p = q
+            n += 1
+            sb.len = n
+        else:
+            if sb.kind == KIND_UINT64:
+                rc = values_u64(sb, s, count, &p, end, tok, f)
+            elif sb.kind == KIND_FLOAT32:
+                rc = values_f32(sb, s, count, &p, end, tok, f)
+            else:
+                rc = values_i64(sb, s, count, &p, end, tok, f)
+            if rc:
+                return rc
+            n = sb.len
+        if not width:
+            sb.offs[row] = n
     while p[0] == 32 or p[0] == 9:
         p += 1
     if not at_eol(p):
@@ -583,6 +965,7 @@ cdef class Engine:
             if grow(<void**>&sb.offs, &sb.ocap, 256, sizeof(int64_t)):
                 raise MemoryError()
             sb.offs[0] = 0
+        grow_offsets(&self.st)              # sets st.ocap; nothing to grow yet
 
     def __dealloc__(self):
         cdef Py_ssize_t s
