@@ -46,6 +46,12 @@ EXTENSIONS = [
         extra_compile_args=COMPILE_ARGS,
     ),
     Extension(
+        "trainer.ps._rows",
+        ["trainer/ps/_rows.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+    Extension(
         "generators._format",
         ["generators/_format.pyx"],
         define_macros=MACROS,

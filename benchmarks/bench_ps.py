@@ -2,22 +2,25 @@
 
 Each mode (async, GEO with k_steps 20, sync) runs as a real job on 127.0.0.1:
 one server process and two worker processes of this script, each worker
-training wide&deep (examples/wide_and_deep_ps, sparse tables of dim 4 and 1,
-Adagrad) on its own file of raw Criteo lines (examples/criteo/make_data.py,
-read through examples/wide_and_deep_ps/reader.py into an InMemoryDataset) for
-the given epochs. Loading is not timed. Per worker it measures records/s over
-the training loop, the wall time per batch spent in sparse pulls (the
-SparseEmbedding forwards' row fetches) and in ``step()`` (the push: sparse and
-dense gradients out, dense values back; GEO: the local update and, every k
-steps, the delta sync), the CPU time per batch of the worker process (steadier
-than records/s on a shared machine) and the RPCs it sends per batch.
-Worker 0 then reports the held-out AUC on a third file.
+training wide&deep (examples/wide_and_deep_ps, sparse tables of dim 4 and 1
+with Adagrad, the dense MLP with Adam) on its own file of raw Criteo lines
+(examples/criteo/make_data.py, read through examples/wide_and_deep_ps/reader.py
+into an InMemoryDataset) for the given epochs. Loading is not timed. Per worker
+it measures records/s over the training loop, the wall time per batch spent in
+sparse pulls (the SparseEmbedding forwards' row fetches) and in ``step()`` (the
+push: sparse and dense gradients out, dense values back; GEO: the local update
+and, every k steps, the delta sync), the CPU time per batch of the worker
+process (steadier than records/s on a shared machine) and the RPCs it sends
+per batch. Worker 0 then reports the held-out AUC on a third file.
 
-Anchor (issue 3, Paddle 3.0.0's PS on this machine, same job shape):
-async 21-34k records/s, GEO (k_steps 20) ~240k records/s, per worker.
+``--paddle`` runs the same job on Paddle 3.0.0's own parameter server
+(benchmarks/paddle_ps.py, in the interpreter of ``make bench-paddle-ps``) on
+the same records, alternating with fleetfeed's job in every repeat, and adds
+its records/s per worker, held-out AUC and the ratio to the table. A Paddle
+job that fails (its sync mode segfaults) is reported as such and not retried.
 
-Usage: python benchmarks/bench_ps.py [--modes async geo sync] [--records 40000]
-       [--epochs 2] [--batch-size 512] [--repeats 1] [--no-write]
+Usage: python benchmarks/bench_ps.py [--paddle] [--modes async geo sync]
+       [--records 40000] [--epochs 2] [--batch-size 512] [--repeats 1] [--no-write]
 Results go to benchmarks/results/ps.md.
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -40,7 +44,36 @@ DATA = REPO / "benchmarks" / "data" / "ps"
 RESULTS = REPO / "benchmarks" / "results" / "ps.md"
 READER = REPO / "examples" / "wide_and_deep_ps" / "reader.py"
 JOB_TIMEOUT = int(os.environ.get("BENCH_PS_TIMEOUT", "900"))
-PADDLE = {"async": "21-34k", "geo": "~240k", "sync": "segfaults"}
+PADDLE_PYTHON = REPO / ".venv-paddle30" / "bin" / "python"
+
+
+def paddle_data(files: list[Path]) -> tuple[list[Path], int]:
+    """The same records as MultiSlot text for Paddle, each distinct id renumbered
+    0..V-1 in order of first appearance (a bijection: the same learning
+    problem); returns the files and V. Paddle's GEO mode keeps a dense local
+    copy of each table sized by the vocabulary, so its ids must be below it."""
+    out = files[0].parent / "paddle"
+    names = [out / (f.stem + ".slots") for f in files]
+    vocab_file = out / "vocab_size"
+    if vocab_file.exists() and all(n.exists() for n in names):
+        return names, int(vocab_file.read_text())
+    out.mkdir(exist_ok=True)
+    numbers: dict[str, str] = {}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for source, target in zip(files, names):
+        with open(source, "rb") as stdin:
+            text = subprocess.run([sys.executable, str(READER)], stdin=stdin, env=env,
+                                  capture_output=True, text=True, check=True).stdout
+        lines = []
+        for line in text.splitlines():
+            tokens = line.split()
+            # 13 dense values, then 26 slots of "1 <id>", then "1 <label>".
+            for position in range(15, 15 + 2 * 26, 2):
+                tokens[position] = numbers.setdefault(tokens[position], str(len(numbers)))
+            lines.append(" ".join(tokens) + "\n")
+        target.write_text("".join(lines))
+    vocab_file.write_text(str(len(numbers)))
+    return names, len(numbers)
 
 
 def ensure_data(records: int, seed: int = 0) -> list[Path]:
@@ -83,9 +116,14 @@ def job_main(config: dict) -> None:
     # The two attributes the runtime reads from a DistributedStrategy.
     strategy = SimpleNamespace(mode=config["mode"], a_sync_configs={"k_steps": config["k"]})
     torch.manual_seed(0)
-    model = WideDeep(dim=config["dim"])
+    # Adagrad on the sparse tables, Adam on the dense parameters: what Paddle's
+    # PS can run too (its servers take only SGD or Adam for dense parameters).
+    model = WideDeep(dim=config["dim"], sparse_optimizer={"type": "adagrad", "lr": config["lr"]})
     runtime = ParameterServerRuntime(role, strategy)
-    opt = runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=config["lr"]))
+    # foreach: one multi-tensor update instead of torch's per-tensor loop, its CPU default.
+    opt = runtime.distributed_optimizer(
+        torch.optim.Adam(model.parameters(), lr=config["dense_lr"], foreach=True)
+    )
     if role.is_server:
         runtime.init_server()
         runtime.run_server()
@@ -174,43 +212,103 @@ def free_port() -> int:
 
 
 def run_job(mode: str, args: argparse.Namespace, files: list[Path], tmp: Path) -> list[dict]:
+    """One fleetfeed job (1 server + 2 workers of this script); the workers' results."""
     config = {
         "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
         "servers": [f"127.0.0.1:{free_port()}"], "files": [str(f) for f in files],
         "epochs": args.epochs, "batch_size": args.batch_size, "dim": args.dim, "lr": args.lr,
-        "out": str(tmp / f"{mode}.result"),
+        "dense_lr": args.dense_lr, "out": str(tmp / f"{mode}.result"),
         "profile": f"{args.profile}.{mode}" if args.profile else "",
     }
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    procs = []
+    commands = []
     for role, index in (("server", 0), ("worker", 0), ("worker", 1)):
-        log = open(tmp / f"{mode}.{role}{index}.log", "w")  # noqa: SIM115 - closed below
         # --profile: py-spy samples the server (its RPC handlers run on
         # TensorPipe's threads, out of cProfile's reach).
         spy = ["py-spy", "record", "-r", "250", "--nonblocking", "-f", "raw",
                "-o", f"{args.profile}.server.{mode}.txt", "--"]
-        procs.append((subprocess.Popen(
-            (spy if args.profile and role == "server" else [])
-            + [sys.executable, __file__, "--job", json.dumps({**config, "role": role, "index": index})],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        ), log))
-    timed_out = False
+        commands.append((f"{mode}.{role}{index}", (spy if args.profile and role == "server" else [])
+                         + [sys.executable, __file__, "--job",
+                            json.dumps({**config, "role": role, "index": index})]))
+    run_processes(commands, tmp, server_stops_itself=True)
+    return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
+
+
+def run_paddle_job(mode: str, args: argparse.Namespace, files: list[Path], vocab: int,
+                   tmp: Path) -> list[dict]:
+    """The same job on Paddle's parameter server (benchmarks/paddle_ps.py)."""
+    config = {
+        "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
+        "servers": [f"127.0.0.1:{free_port()}"],
+        "worker_endpoints": [f"127.0.0.1:{free_port()}" for _ in range(2)],
+        "files": [str(f) for f in files], "vocab": vocab, "epochs": args.epochs,
+        "batch_size": args.batch_size, "dim": args.dim, "lr": args.lr, "dense_lr": args.dense_lr,
+        "init_scale": 0.01, "paddle_sparse_lr": args.paddle_sparse_lr,
+        "paddle_initial_g2sum": args.paddle_initial_g2sum,
+        "out": str(tmp / f"paddle-{mode}.result"),
+    }
+    script = str(REPO / "benchmarks" / "paddle_ps.py")
+    commands = [
+        (f"paddle-{mode}.{role}{index}",
+         [args.paddle_python, script, json.dumps({**config, "role": role, "index": index})])
+        for role, index in (("server", 0), ("worker", 0), ("worker", 1))
+    ]
+    run_processes(commands, tmp, server_stops_itself=False)
+    return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
+
+
+def run_processes(commands: list[tuple[str, list[str]]], tmp: Path, server_stops_itself: bool) -> None:
+    """Runs a job's processes (the server first) until the workers end, then
+    stops the server if it does not stop by itself (Paddle's). Raises
+    RuntimeError with every log's tail when a process fails or the job
+    exceeds BENCH_PS_TIMEOUT; every process is gone on return."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    procs = []
     try:
+        for name, command in commands:
+            with open(tmp / f"{name}.log", "w") as log:
+                # cwd: Paddle's train_from_dataset writes <id>_train_desc.prototxt there.
+                procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                              env=env, cwd=tmp))
+        server, workers = procs[0], procs[1:]
         deadline = time.monotonic() + JOB_TIMEOUT
-        for proc, _ in procs:
-            proc.wait(timeout=max(1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        failed = ""
+        while True:
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) for c in codes):
+                failed = ", ".join(f"{name} exited with status {c}"
+                                   for (name, _), c in zip(commands, codes) if c not in (None, 0))
+                break
+            if all(w.poll() == 0 for w in workers) and (not server_stops_itself or server.poll() == 0):
+                break
+            if time.monotonic() > deadline:
+                failed = f"the job did not end within {JOB_TIMEOUT}s (BENCH_PS_TIMEOUT)"
+                break
+            time.sleep(0.2)
     finally:
-        for proc, log in procs:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            log.close()
-    if timed_out or any(proc.returncode for proc, _ in procs):
-        tails = "\n".join(p.read_text()[-2000:] for p in sorted(tmp.glob(f"{mode}.*.log")))
-        raise RuntimeError(f"{mode} job failed:\n{tails}")
-    return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
+    if failed:
+        tails = "\n".join(f"--- {name}.log:\n" + (tmp / f"{name}.log").read_text()[-2000:]
+                          for name, _ in commands)
+        raise RuntimeError(f"{commands[0][0].split('.')[0]} job failed: {failed}\n{tails}")
+
+
+def summarize(runs: list[list[dict]]) -> dict:
+    """Medians over every worker of every run (AUC: over the runs' worker 0)."""
+    every = [w for run in runs for w in run]
+
+    def median(key: str) -> float | None:
+        values = [w[key] for w in every if key in w]
+        return statistics.median(values) if values else None
+
+    return {
+        "rate": statistics.median(w["records"] / w["seconds"] for w in every),
+        "pull_ms": median("pull_ms"), "push_ms": median("push_ms"), "cpu_ms": median("cpu_ms"),
+        "rpcs": median("rpcs_per_batch"),
+        "auc": statistics.median(run[0]["auc"] for run in runs),
+    }
 
 
 def main() -> None:
@@ -223,58 +321,115 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--dim", type=int, default=4, help="width of the deep sparse table")
     parser.add_argument("--k-steps", type=int, default=20)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.05, help="the sparse tables' Adagrad lr")
+    parser.add_argument("--dense-lr", type=float, default=0.001, help="the dense parameters' Adam lr")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--paddle", action="store_true",
+                        help="also run Paddle 3.0.0's PS on the same job, alternating with fleetfeed")
+    parser.add_argument("--paddle-python", default=str(PADDLE_PYTHON),
+                        help="the interpreter with paddlepaddle 3.0.0 (make bench-paddle-ps)")
+    parser.add_argument("--paddle-sparse-lr", type=float, default=0.2,
+                        help="Paddle's sparse Adagrad lr (its rule differs from torch's: see paddle_ps.py)")
+    parser.add_argument("--paddle-initial-g2sum", type=float, default=0.1)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--profile", default="", help="cProfile worker 0's loop to PROFILE.<mode>")
     args = parser.parse_args()
     if args.job:
         job_main(json.loads(args.job))
         return
+    if args.paddle and not Path(args.paddle_python).exists():
+        parser.error(f"--paddle needs Paddle 3.0.0's interpreter at {args.paddle_python} "
+                     "(make bench-paddle-ps builds it)")
 
     files = ensure_data(args.records)
-    rows = []
+    paddle_files, vocab = paddle_data(files) if args.paddle else ([], 0)
+    runs: dict[tuple[str, str], list[list[dict]]] = {}
+    paddle_failures: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench_ps-") as tmp:
-        for mode in args.modes:
-            runs = []
-            for _ in range(args.repeats):
-                workers = run_job(mode, args, files, Path(tmp))
-                runs.append(workers)
-                rate = [w["records"] / w["seconds"] for w in workers]
-                print(f"{mode}: {', '.join(f'{r:,.0f}' for r in rate)} records/s per worker, "
-                      f"AUC {workers[0]['auc']:.4f}", flush=True)
-            every = [w for run in runs for w in run]
-            rows.append({
-                "mode": mode if mode != "geo" else f"geo (k={args.k_steps})",
-                "rate": statistics.median(w["records"] / w["seconds"] for w in every),
-                "pull_ms": statistics.median(w["pull_ms"] for w in every),
-                "push_ms": statistics.median(w["push_ms"] for w in every),
-                "cpu_ms": statistics.median(w["cpu_ms"] for w in every),
-                "rpcs": statistics.median(w["rpcs_per_batch"] for w in every),
-                "auc": statistics.median(run[0]["auc"] for run in runs),
-                "paddle": PADDLE[mode],
-            })
-    header = (
-        "| mode | records/s per worker | pull ms/batch | push ms/batch | worker CPU ms/batch "
-        "| RPCs/batch | held-out AUC | Paddle 3.0.0 records/s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---|\n"
-    )
-    table = header + "".join(
-        f"| {r['mode']} | {r['rate']:,.0f} | {r['pull_ms']:.2f} | {r['push_ms']:.2f} | "
-        f"{r['cpu_ms']:.2f} | {r['rpcs']:.2f} | {r['auc']:.4f} | {r['paddle']} |\n"
-        for r in rows
-    )
+        # Contenders alternate within each repeat, so load on the shared
+        # machine hits both alike.
+        for repeat in range(args.repeats):
+            for mode in args.modes:
+                contenders = ["fleetfeed"] + (["paddle"] if args.paddle and mode not in paddle_failures else [])
+                if repeat % 2:
+                    contenders.reverse()
+                for who in contenders:
+                    job_dir = Path(tmp) / f"{who}-{mode}-{repeat}"
+                    job_dir.mkdir()
+                    try:
+                        workers = (run_job(mode, args, files, job_dir) if who == "fleetfeed"
+                                   else run_paddle_job(mode, args, paddle_files, vocab, job_dir))
+                    except RuntimeError as error:
+                        if who == "fleetfeed":
+                            raise
+                        paddle_failures[mode] = paddle_failure(str(error))
+                        print(f"paddle {mode}: failed ({paddle_failures[mode]})", flush=True)
+                        continue
+                    runs.setdefault((who, mode), []).append(workers)
+                    rate = [w["records"] / w["seconds"] for w in workers]
+                    print(f"{who} {mode}: {', '.join(f'{r:,.0f}' for r in rate)} records/s per worker, "
+                          f"AUC {workers[0]['auc']:.4f}", flush=True)
+    table = results_table(args, runs, paddle_failures)
     print(table)
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        paddle_note = (
+            f" Paddle: paddlepaddle 3.0.0, `benchmarks/paddle_ps.py`, the same records "
+            f"(ids renumbered), alternating with fleetfeed in each repeat; its sparse "
+            f"Adagrad rule lr {args.paddle_sparse_lr}, initial_g2sum {args.paddle_initial_g2sum}."
+            if args.paddle else ""
+        )
         RESULTS.write_text(
             "# Parameter server: 1 server + 2 workers\n\n"
-            f"wide&deep (sparse dim {args.dim} + 1, dense MLP, Adagrad lr {args.lr}), "
-            f"{args.records:,} Criteo-layout records per worker x {args.epochs} epochs, "
-            f"batch {args.batch_size}, median over {args.repeats} run(s) x 2 workers, "
-            f"`python benchmarks/bench_ps.py`. The machine's 2 cores are shared by the "
-            f"3 processes (and anything else running).\n\n" + table
+            f"wide&deep (sparse dim {args.dim} + 1, Adagrad lr {args.lr} on the sparse tables, "
+            f"dense MLP with Adam lr {args.dense_lr}), {args.records:,} Criteo-layout records "
+            f"per worker x {args.epochs} epochs, batch {args.batch_size}, median over "
+            f"{args.repeats} run(s) x 2 workers, "
+            f"`python benchmarks/bench_ps.py{' --paddle' if args.paddle else ''} "
+            f"--repeats {args.repeats}`. The machine's 2 cores are shared by the 3 processes "
+            f"(and anything else running).{paddle_note}\n\n" + table
         )
+
+
+def paddle_failure(message: str) -> str:
+    """A short reason from a failed Paddle job's logs (the operator a crash was in)."""
+    if "Segmentation fault" in message or "SIGSEGV" in message:
+        op = re.search(r"paddle::operators::(\w+)::RunImpl", message)
+        return "segfault" + (f" in {op.group(1)}" if op else "")
+    return message.splitlines()[0][:200]
+
+
+def results_table(args: argparse.Namespace, runs: dict, paddle_failures: dict[str, str]) -> str:
+    paddle = args.paddle
+    header = ("| mode | fleetfeed records/s per worker | pull ms/batch | push ms/batch "
+              "| worker CPU ms/batch | RPCs/batch | fleetfeed AUC |")
+    rule = "|---|---:|---:|---:|---:|---:|---:|"
+    if paddle:
+        header += (" Paddle 3.0.0 records/s per worker | Paddle AUC | fleetfeed / Paddle "
+                   "| fleetfeed / Paddle, paired by repeat (median, range) |")
+        rule += "---:|---:|---:|---|"
+    lines = [header, rule]
+    for mode in args.modes:
+        ours = summarize(runs[("fleetfeed", mode)])
+        label = mode if mode != "geo" else f"geo (k={args.k_steps})"
+        line = (f"| {label} | {ours['rate']:,.0f} | {ours['pull_ms']:.2f} | {ours['push_ms']:.2f} | "
+                f"{ours['cpu_ms']:.2f} | {ours['rpcs']:.2f} | {ours['auc']:.4f} |")
+        if paddle:
+            if ("paddle", mode) in runs:
+                theirs = summarize(runs[("paddle", mode)])
+                # Each repeat ran both back to back: their ratio is the least
+                # affected by the shared machine's load changing between repeats.
+                paired = sorted(
+                    summarize([a])["rate"] / summarize([b])["rate"]
+                    for a, b in zip(runs[("fleetfeed", mode)], runs[("paddle", mode)])
+                )
+                line += (f" {theirs['rate']:,.0f} | {theirs['auc']:.4f} | "
+                         f"{ours['rate'] / theirs['rate']:.2f}x | {statistics.median(paired):.2f}x "
+                         f"({paired[0]:.2f}-{paired[-1]:.2f}) |")
+            else:
+                line += f" {paddle_failures.get(mode, 'not run')} | - | - | - |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ if role == "PSERVER":
 else:
     rank = os.environ["PADDLE_TRAINER_ID"]
     keys = ["TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "POD_IP", "PADDLE_PORT",
-            "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS", "FLEETFEED_JOB_SECRET"]
+            "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS", "FLEETFEED_JOB_SECRET",
+            "OMP_NUM_THREADS"]
     with open(os.path.join(out, f"worker{rank}.json"), "w") as f:
         json.dump({**{k: os.environ.get(k) for k in keys}, "pid": os.getpid()}, f)
     if mode == "fail" and rank == "1":
@@ -66,8 +67,8 @@ def dummy(tmp_path: Path) -> Path:
     return script
 
 
-def fleetrun(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def fleetrun(*args: str, cwd: Path, timeout: float = 30, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(env if env is not None else os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", "trainer.launch", *args], cwd=cwd, env=env,
         capture_output=True, text=True, timeout=timeout, check=False,
@@ -87,7 +88,9 @@ def assert_all_gone(directory: Path) -> None:
 
 
 def test_ps_job_sets_paddles_environment_and_stops_the_servers(tmp_path, dummy):
-    result = fleetrun("--server_num=1", "--worker_num=2", str(dummy), str(tmp_path), "ok", cwd=tmp_path)
+    without_omp = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    result = fleetrun("--server_num=1", "--worker_num=2", str(dummy), str(tmp_path), "ok",
+                      cwd=tmp_path, env=without_omp)
     assert result.returncode == 0, result.stderr
     assert "all workers exited, stopping the servers" in result.stdout
     envs = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
@@ -102,6 +105,7 @@ def test_ps_job_sets_paddles_environment_and_stops_the_servers(tmp_path, dummy):
         assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == servers
         assert f"{env['POD_IP']}:{env['PADDLE_PORT']}" == worker_endpoints[index]
         assert re.fullmatch(r"[0-9a-f]{32}", env["FLEETFEED_JOB_SECRET"])
+        assert env["OMP_NUM_THREADS"] == "1"  # the processes share the cores
     assert envs[0]["FLEETFEED_JOB_SECRET"] == envs[1]["FLEETFEED_JOB_SECRET"]
     log = tmp_path / "log"
     assert (log / "serverlog.0").read_text() == "server listening\n"
@@ -123,6 +127,13 @@ def test_explicit_endpoints_and_a_second_job_secret(tmp_path, dummy):
     assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == f"127.0.0.1:{port}"
     assert env["PADDLE_TRAINERS_NUM"] == "1"
     assert (tmp_path / "logs" / "workerlog.0").exists()
+
+
+def test_a_users_omp_num_threads_is_kept(tmp_path, dummy):
+    result = fleetrun("--server_num=1", "--worker_num=1", str(dummy), str(tmp_path), "ok",
+                      cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="3"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "worker0.json").read_text())["OMP_NUM_THREADS"] == "3"
 
 
 def test_a_failing_worker_stops_the_job_and_shows_its_log(tmp_path, dummy):

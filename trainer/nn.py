@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .ps import sparse
+from .ps._rows import unique_inverse
 from .ps.sparse import DEFAULT_INIT_SCALE, TableConfig
 
 __all__ = ["SparseEmbedding"]
@@ -37,11 +38,11 @@ def _distinct(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return last[2], last[3]
     flat = ids.reshape(-1)
     if flat.device.type == "cpu":
-        # numpy's unique is ~2.5x faster than torch's on CPU int64 (measured,
-        # 13k ids); both sort as signed int64, so the results are the same.
-        values, positions = np.unique(flat.numpy(), return_inverse=True)
+        # A hash pass (first-appearance order; nothing downstream needs the ids
+        # sorted) instead of a sort: ~3x numpy's unique on 13k int64 ids.
+        values, positions = unique_inverse(flat.numpy())
         unique = torch.from_numpy(values)
-        inverse = torch.from_numpy(positions.reshape(-1).astype(np.int64, copy=False))
+        inverse = torch.from_numpy(positions)
     else:
         unique, inverse = torch.unique(flat, return_inverse=True)
     _last_distinct.value = (ids, ids._version, unique, inverse)
@@ -105,6 +106,7 @@ class SparseEmbedding(nn.Module):
         sparse.register(self, self.config)
 
     def extra_repr(self) -> str:
+        """The dimension, table name and pooling mode, for ``repr(module)``."""
         return f"dim={self.dim}, name={self.name!r}, mode={self.mode!r}"
 
     def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,6 +126,8 @@ class SparseEmbedding(nn.Module):
         return rows, inverse
 
     def forward(self, x: Any) -> torch.Tensor:
+        """The rows of the ids in ``x``: a ``Ragged`` gives each record's rows
+        pooled (``[size, dim]``), an int64 tensor ``x.shape + (dim,)``."""
         if isinstance(x, torch.Tensor):
             rows, inverse = self._rows(x)
             return rows.index_select(0, inverse).view(*x.shape, self.dim)
@@ -146,13 +150,16 @@ def _pool(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, mode
     """
     size = offsets.shape[0] - 1
     n = inverse.shape[0]
-    if size < 0 or int(offsets[0]) != 0 or int(offsets[-1]) != n:
+    # The checks in numpy: as torch ops (two .item() syncs, an arange, an
+    # equal) they cost a tenth of a GEO step (measured, wide&deep batch 512).
+    bounds = offsets.cpu().numpy()
+    if size < 0 or bounds[0] != 0 or bounds[-1] != n:
         raise ValueError(
             f"a Ragged's offsets must run from 0 to the number of values ({n}), "
-            f"got {offsets[:1].tolist()} ... {offsets[-1:].tolist()}"
+            f"got {bounds[:1].tolist()} ... {bounds[-1:].tolist()}"
         )
     gathered = rows.index_select(0, inverse)
-    if n == size and torch.equal(offsets, torch.arange(size + 1)):
+    if n == size and (np.diff(bounds) == 1).all():
         return gathered
     lengths = offsets.diff()
     bag = torch.repeat_interleave(torch.arange(size), lengths, output_size=n)

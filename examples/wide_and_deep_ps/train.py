@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -46,21 +47,28 @@ SLOTS = (
 
 def stack_slots(batch, names: list[str]) -> Ragged:
     """The slots' ids as one Ragged with a bag per (slot, record), slot-major,
-    so that each table is pulled once per batch rather than once per slot."""
-    values, offsets, shift = [], [torch.zeros(1, dtype=torch.int64)], 0
-    for name in names:
-        ragged = batch[name]
-        values.append(ragged.values)
-        offsets.append(ragged.offsets[1:] + shift)
-        shift += int(ragged.offsets[-1])
-    return Ragged(torch.cat(values), torch.cat(offsets))
+    so that each table is pulled once per batch rather than once per slot.
+    The offsets are built in numpy (half the time of the same work as 26x3
+    small torch ops, measured)."""
+    raggeds = [batch[name] for name in names]
+    offsets = [np.zeros(1, dtype=np.int64)]
+    shift = 0
+    for ragged in raggeds:
+        own = ragged.offsets.numpy()
+        offsets.append(own[1:] + shift)
+        shift += int(own[-1])
+    return Ragged(torch.cat([r.values for r in raggeds]), torch.from_numpy(np.concatenate(offsets)))
 
 
 class WideDeep(nn.Module):
-    def __init__(self, dim: int = 8, hidden: tuple[int, ...] = (64, 32)) -> None:
+    def __init__(
+        self, dim: int = 8, hidden: tuple[int, ...] = (64, 32), sparse_optimizer: dict | None = None
+    ) -> None:
+        """``sparse_optimizer``: the tables' own optimizer (SparseEmbedding's
+        ``optimizer``); None: the one given to fleet.distributed_optimizer."""
         super().__init__()
-        self.wide = SparseEmbedding(1, "wide")
-        self.deep = SparseEmbedding(dim, "deep")
+        self.wide = SparseEmbedding(1, "wide", optimizer=sparse_optimizer)
+        self.deep = SparseEmbedding(dim, "deep", optimizer=sparse_optimizer)
         layers: list[nn.Module] = []
         width = dim * len(CATEGORICAL) + 13
         for size in hidden:

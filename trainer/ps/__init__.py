@@ -50,6 +50,7 @@ whole job to join the RPC group.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -259,7 +260,16 @@ class ParameterServerRuntime:
         else:
             self._store = RemoteStore(self.servers)
         sparse.install_store(self._store)
+        atexit.register(self._leave_at_exit)
         log.info("worker %d connected to %d servers (%s mode)", role.index, role.server_num, self.mode)
+
+    def _leave_at_exit(self) -> None:
+        """A worker that ends without stop_worker() (an exception escaped the
+        script) leaves the RPC group before the interpreter shuts down: with the
+        group up, TensorPipe's threads can abort the process (SIGABRT, "FATAL:
+        exception not rethrown") instead of letting it exit with status 1."""
+        if self.servers is not None:
+            transport.shutdown_group()
 
     def _check_servers(self) -> None:
         assert self.servers is not None

@@ -121,14 +121,31 @@ def shard_dense(values: dict[int, torch.Tensor], server_num: int) -> list[dict[i
 
 
 class _GeoTable:
-    """One table's local copy on a GEO worker: the rows as trained here, and
-    ``base``, the rows as of the last sync, aligned by row number."""
+    """One table's local copy on a GEO worker: the rows as trained here and,
+    aligned by row number, ``base`` (the rows as of the last sync), ``ids``
+    (each row's id) and ``touched`` (trained since the last sync)."""
 
     def __init__(self, table: SparseTable) -> None:
         self.table = table
         self.base = np.zeros((0, table.dim), dtype=np.float32)
-        self.touched_rows: list[np.ndarray] = []
-        self.touched_ids: list[np.ndarray] = []
+        self.ids = np.zeros(0, dtype=np.uint64)
+        self.touched = np.zeros(0, dtype=bool)
+
+    def add_rows(self, before: int, after: int, new_ids: np.ndarray) -> None:
+        """Rows ``before..after-1`` were just created for ``new_ids``."""
+        if after > self.base.shape[0]:
+            size = max(after, 2 * self.base.shape[0])
+            self.base = _grown(self.base, size)
+            self.ids = _grown(self.ids, size)
+            self.touched = _grown(self.touched, size)
+        self.base[before:after] = self.table.read_rows(np.arange(before, after))
+        self.ids[before:after] = new_ids
+
+
+def _grown(array: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros((size, *array.shape[1:]), dtype=array.dtype)
+    out[: array.shape[0]] = array
+    return out
 
 
 class GeoStore:
@@ -194,11 +211,11 @@ class GeoStore:
             rows = table.rows(ids, create=True)
             after = len(table)
             if after > before:
-                if after > geo.base.shape[0]:
-                    grown = np.zeros((max(after, 2 * geo.base.shape[0]), table.dim), np.float32)
-                    grown[: geo.base.shape[0]] = geo.base
-                    geo.base = grown
-                geo.base[before:after] = table.read_rows(np.arange(before, after))
+                # New rows are numbered in order of first appearance.
+                new = rows >= before
+                new_ids = np.empty(after - before, dtype=np.uint64)
+                new_ids[rows[new] - before] = ids[new]
+                geo.add_rows(before, after, new_ids)
         return rows
 
     def _rows_of(self, name: str, ids: np.ndarray) -> np.ndarray:
@@ -220,19 +237,18 @@ class GeoStore:
             geo = self._tables[name]
             geo.table.push_rows(rows, grads)
             with self._lock:
-                geo.touched_rows.append(rows)
-                geo.touched_ids.append(ids)
+                geo.touched[rows] = True
 
     def deltas(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
         """Per table: the rows trained since the last sync and their change."""
         out = {}
         with self._lock:
             for name, geo in self._tables.items():
-                if not geo.touched_rows:
+                rows = np.flatnonzero(geo.touched)
+                if not rows.size:
                     continue
-                rows, first = np.unique(np.concatenate(geo.touched_rows), return_index=True)
-                ids = np.concatenate(geo.touched_ids)[first]
-                geo.touched_rows, geo.touched_ids = [], []
+                geo.touched[rows] = False
+                ids = geo.ids[rows]
                 values = geo.table.read_rows(rows)
                 out[name] = (ids, torch.from_numpy(values - geo.base[rows]))
                 # What was sent is the new base: changes from here on are the

@@ -1,10 +1,11 @@
 """Sparse tables: rows keyed by arbitrary 64-bit ids, with optimizer state.
 
-A table keeps no Python object per row. ``IdIndex`` is an open-addressing hash
-index (linear probing) held in two numpy arrays, probed for a whole batch of ids
-at once; rows and optimizer state live in growable float32 arrays addressed by
-the row numbers the index hands out. The same class serves a parameter server's
-shard and a local (non-distributed) table.
+A table keeps no Python object per row. ``IdIndex`` (``_rows.pyx``) is an
+open-addressing hash index (linear probing) held in two numpy arrays, probed in
+C for a whole batch of ids at once; rows and optimizer state live in growable
+float32 arrays addressed by the row numbers the index hands out, and SGD and
+Adagrad update them in place (C loops, also in ``_rows.pyx``). The same class
+serves a parameter server's shard and a local (non-distributed) table.
 
 A row that was never written holds its initial value, a pure function of the
 table's seed and the id (``init_rows``), so every process and every server agrees
@@ -22,7 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._rows import IdIndex, adagrad_rows, sgd_rows
 from .optim import OptimizerSpec
+
+__all__ = ["IdIndex", "SparseTable", "as_u64", "init_rows", "mix64", "shard_of"]
 
 _U64 = np.uint64
 _GOLDEN = _U64(0x9E3779B97F4A7C15)
@@ -74,93 +78,6 @@ def init_rows(ids: np.ndarray, dim: int, seed: np.uint64, scale: float) -> np.nd
     bits = mix64((mix64(ids ^ seed)[:, None] + column).reshape(-1)).reshape(-1, dim)
     unit = (bits >> _U64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
     return (unit * np.float32(2 * scale) - np.float32(scale)).astype(np.float32)
-
-
-class IdIndex:
-    """Open-addressing hash index: uint64 id -> row number (0, 1, 2, ... in
-    order of insertion). Probes are vectorised over a whole batch of ids.
-    """
-
-    _MIN_CAPACITY = 1024
-
-    def __init__(self, capacity: int = _MIN_CAPACITY) -> None:
-        capacity = max(self._MIN_CAPACITY, 1 << (int(capacity) - 1).bit_length())
-        self._keys = np.zeros(capacity, dtype=_U64)
-        self._rows = np.full(capacity, -1, dtype=np.int64)  # -1: empty slot
-        self.size = 0
-
-    @property
-    def capacity(self) -> int:
-        return self._keys.shape[0]
-
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
-        """Row number of each id, -1 where the id is absent."""
-        ids = as_u64(ids)
-        mask = _U64(self.capacity - 1)
-        pos = (mix64(ids) & mask).view(np.int64)
-        # First probe for every id at once (most ids end here at load <= 1/2),
-        # then only the ids whose slot held another key.
-        rows = self._rows[pos]
-        occupied = rows >= 0
-        hit = occupied & (self._keys[pos] == ids)
-        found = np.where(hit, rows, -1)
-        active = np.flatnonzero(occupied & ~hit)
-        pos[active] = (pos[active] + 1) & int(mask)
-        while active.size:
-            p = pos[active]
-            rows = self._rows[p]
-            occupied = rows >= 0
-            hit = occupied & (self._keys[p] == ids[active])
-            found[active[hit]] = rows[hit]
-            active = active[occupied & ~hit]
-            pos[active] = (pos[active] + 1) & int(mask)
-        return found
-
-    def insert_new(self, ids: np.ndarray) -> np.ndarray:
-        """Adds ids known to be absent and distinct; returns their row numbers."""
-        ids = as_u64(ids)
-        n = ids.shape[0]
-        if 2 * (self.size + n) > self.capacity:
-            self._grow(self.size + n)
-        rows = np.arange(self.size, self.size + n, dtype=np.int64)
-        mask = self.capacity - 1
-        pos = (mix64(ids) & _U64(mask)).astype(np.int64)
-        active = np.arange(n)
-        while active.size:
-            p = pos[active]
-            free = self._rows[p] < 0
-            # Several new ids may probe the same free slot: the first one takes it.
-            candidates = active[free]
-            slots, first = np.unique(p[free], return_index=True)
-            winners = candidates[first]
-            self._keys[slots] = ids[winners]
-            self._rows[slots] = rows[winners]
-            placed = np.zeros(n, dtype=bool)
-            placed[winners] = True
-            active = active[~placed[active]]
-            pos[active] = (pos[active] + 1) & mask
-        self.size += n
-        return rows
-
-    def _grow(self, needed: int) -> None:
-        keys = self._keys[self._rows >= 0]
-        rows = self._rows[self._rows >= 0]
-        order = np.argsort(rows, kind="stable")
-        capacity = self.capacity
-        while 2 * needed > capacity:
-            capacity *= 2
-        self._keys = np.zeros(capacity, dtype=_U64)
-        self._rows = np.full(capacity, -1, dtype=np.int64)
-        self.size = 0
-        if keys.size:
-            self.insert_new(keys[order])
-
-    def ids_in_row_order(self) -> np.ndarray:
-        """Every id, in row-number order (uint64)."""
-        occupied = self._rows >= 0
-        out = np.empty(self.size, dtype=_U64)
-        out[self._rows[occupied]] = self._keys[occupied]
-        return out
 
 
 class SparseTable:
@@ -232,16 +149,17 @@ class SparseTable:
     def _rows_for(self, ids: np.ndarray, create: bool) -> np.ndarray:
         """Row numbers of distinct ``ids``, creating missing rows when asked
         (else -1 where missing). Caller holds the lock."""
-        rows = self._index.lookup(ids)
-        missing = rows < 0
-        if create and missing.any():
-            new_ids = ids[missing]
-            new_rows = self._index.insert_new(new_ids)
+        if not create:
+            return self._index.lookup(ids)
+        before = self._index.size
+        rows = self._index.lookup_or_insert(ids)
+        if self._index.size > before:
+            new = rows >= before
+            new_rows = rows[new]
             self._reserve(self._index.size)
-            self._weights[new_rows] = self.init_rows(new_ids)
+            self._weights[new_rows] = self.init_rows(ids[new])
             for key in self.optimizer.state_layout():
                 self._state[key][new_rows] = self.optimizer.initial_state(key)
-            rows[missing] = new_rows
         return rows
 
     # -- by row number (a caller that looked ids up once, e.g. GEO's local
@@ -270,7 +188,18 @@ class SparseTable:
             self._apply(rows, grad)
 
     def _apply(self, rows: np.ndarray, grad: np.ndarray) -> None:
-        # Caller holds the lock.
+        # Caller holds the lock; rows are distinct.
+        kind, hyper = self.optimizer.kind, self.optimizer.hyper
+        if kind in ("sgd", "adagrad"):
+            # In place, without gathering rows and state into copies.
+            rows = np.ascontiguousarray(rows, dtype=np.int64)
+            grad = np.ascontiguousarray(grad, dtype=np.float32)
+            lr, decay = float(hyper["lr"]), float(hyper["weight_decay"])
+            if kind == "sgd":
+                sgd_rows(self._weights, rows, grad, lr, decay)
+            else:
+                adagrad_rows(self._weights, self._state["sum"], rows, grad, lr, float(hyper["eps"]), decay)
+            return
         weights = self._weights[rows]
         state = {key: array[rows] for key, array in self._state.items()}
         self.optimizer.apply(weights, grad, state)

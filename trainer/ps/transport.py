@@ -29,6 +29,7 @@ from typing import Any
 
 from torch.distributed import rpc
 
+from .. import bind
 from ..errors import ServerUnavailableError, TrainerError
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def init_group(
     if ifname is not None:
         os.environ.setdefault("TP_SOCKET_IFNAME", ifname)
     options = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://{host}:{port}",
+        init_method=f"{bind.SCHEME}://{host}:{port}",  # the store on its host only
         rpc_timeout=start_timeout,
         num_worker_threads=max(16, 2 * world_size),
     )
