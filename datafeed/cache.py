@@ -84,6 +84,11 @@ def write_cache(
         chunks: the records, in order.
         sources: the files the records were loaded from, as they were then.
         per_file: the load accounting of each source (restored by ``read_cache``).
+
+    Raises:
+        OSError: the write failed (a full disk, a file size limit, ...): the
+            message names ``path``; the temporary file is removed and ``path``
+            is left as it was.
     """
     arrow_schema = arrow_schema_of(schema)
     widths = [
@@ -110,11 +115,18 @@ def write_cache(
             for chunk in chunks:
                 writer.write_batch(chunk_to_record_batch(schema, chunk, arrow_schema))
         os.replace(temporary, path)  # atomic: readers see the old file or the new one
-    except BaseException:
+    except BaseException as error:
         try:
             os.unlink(temporary)
         except FileNotFoundError:
             pass
+        if isinstance(error, OSError):  # a full disk, a file size limit, a read-only directory
+            detail = error.strerror or str(error)
+            raise OSError(
+                error.errno,
+                f"could not write the cache {path}: {detail}; its temporary file was "
+                f"removed and {path} was left as it was",
+            ) from error
         raise
 
 

@@ -102,3 +102,25 @@ class CacheError(DatafeedError, ValueError):
     The message names the cache file and what differs (the slots, the file
     list, or a source file's size or mtime).
     """
+
+
+class AccountingError(DatafeedError, RuntimeError):
+    """The counts of a load do not add up: some input line is neither a record
+    nor a counted skip (a bug in the engine, never a property of the input).
+
+    The message names the file and its counts.
+    """
+
+
+class GlobalShuffleError(DatafeedError, RuntimeError):
+    """The global shuffle could not complete: a peer failed, or data did not add up.
+
+    Attributes:
+        rank: the rank that raised it.
+        peers: ranks found not answering (empty when unknown).
+    """
+
+    def __init__(self, message: str, *, rank: int, peers: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.peers = peers

@@ -23,13 +23,19 @@ records/s per worker, peak extra memory 1.38x the worker's dataset). Payloads
 stay in host memory: over gloo, or over a gloo group made for the purpose when
 the default group is NCCL. Every collective is waited for with a timeout; a
 failure becomes a ``GlobalShuffleError`` that names this rank and, when the
-rendezvous store can still tell, the ranks that stopped answering.
+rendezvous store can still tell, the ranks that stopped answering. While a
+global shuffle runs in the main thread, SIGTERM is held back (for at most
+``TERM_GRACE`` seconds of collectives, plus the peer probe of a failure) and
+then delivered: a launcher that stops every rank when one dies (torchrun, so
+``fleetrun --nproc_per_node``) still finds each survivor's error in its log.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import signal
+import threading
 import time
 from typing import Any
 
@@ -38,7 +44,7 @@ import pyarrow as pa
 
 from .batch import slice_column
 from .columns import RecordChunk, SlotColumn
-from .errors import DatafeedError
+from .errors import GlobalShuffleError
 from .memory import release_free_memory
 from .slots import SlotSchema
 from .store import RecordStore, arrow_schema_of, column_to_arrow
@@ -51,21 +57,9 @@ POSITION = "__fleetfeed_position"
 # destination on Criteo-sized records); this keeps the memory in flight bounded.
 ROUND_BYTES = 16 << 20
 DEFAULT_TIMEOUT = 300.0
+# Seconds a collective may still take once SIGTERM arrived (see _Comm.run).
+TERM_GRACE = 2.0
 _calls = 0  # global shuffles run by this process: keys each call's liveness probe
-
-
-class GlobalShuffleError(DatafeedError, RuntimeError):
-    """The global shuffle could not complete: a peer failed, or data did not add up.
-
-    Attributes:
-        rank: the rank that raised it.
-        peers: ranks found not answering (empty when unknown).
-    """
-
-    def __init__(self, message: str, *, rank: int, peers: tuple[int, ...] = ()) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.peers = peers
 
 
 def global_shuffle(
@@ -103,7 +97,17 @@ def global_shuffle(
 
     global _calls
     _calls += 1
-    comm = _Comm(dist, torch, _host_group(dist, group), timeout, _calls)
+    with _HeldTermination() as held:  # see _Comm.run
+        comm = _Comm(dist, torch, _host_group(dist, group), timeout, _calls, held)
+        return _shuffle(comm, store, seed, send_batch_size, threads)
+
+
+def _shuffle(
+    comm: _Comm, store: RecordStore, seed: int | None, send_batch_size: int, threads: int
+) -> tuple[RecordStore, int]:
+    import torch
+    import torch.distributed as dist
+
     group = comm.group
     rank, world = comm.rank, comm.world
     started = time.perf_counter()
@@ -477,7 +481,13 @@ class _Comm:
     """Blocking collectives waited for with a timeout; failures name the ranks."""
 
     def __init__(
-        self, dist: Any, torch: Any, group: Any, timeout: float | None, call: int | None
+        self,
+        dist: Any,
+        torch: Any,
+        group: Any,
+        timeout: float | None,
+        call: int | None,
+        held: _HeldTermination | None = None,
     ) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise GlobalShuffleError(
@@ -490,18 +500,49 @@ class _Comm:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
+        self.held = held
 
     def run(self, start: Any, what: str) -> None:
-        try:
-            work = start()
-            if self.timeout is None:
-                work.wait()
-            else:
-                work.wait(self.timeout)
-        except GlobalShuffleError:
-            raise
-        except Exception as error:  # noqa: BLE001 - torch raises several types
-            self._fail(what, error)
+        # SIGTERM is held back during a global shuffle: a launcher (torchrun
+        # under fleetrun) stops every rank as soon as one dies, usually before
+        # the survivors' collectives have reported the death. A held SIGTERM
+        # gives the shuffle TERM_GRACE more seconds in its collectives (and a
+        # failure its peer probe), so that a failure reaches this rank's log;
+        # then it stops the process as it would have.
+        held = self.held if self.held is not None else _HeldTermination()
+        with held if self.held is None else _NoHold():
+            self._stop_if_expired(held, what)
+            try:
+                work = start()
+                self._wait(work, held, what)
+            except GlobalShuffleError:
+                raise
+            except Exception as error:  # noqa: BLE001 - torch raises several types
+                self._fail(what, error, held)
+
+    def _stop_if_expired(self, held: _HeldTermination, what: str) -> None:
+        if held.expired(TERM_GRACE):
+            logger.error(
+                "rank %d of %d: global_shuffle stopped by %s while %s", self.rank, self.world,
+                signal.Signals(held.received).name, what,  # type: ignore[arg-type]
+            )
+            held.redeliver()
+
+    def _wait(self, work: Any, held: _HeldTermination, what: str) -> None:
+        """``work.wait()`` within the timeout; in the main thread, a polling wait
+        during which a held SIGTERM is seen (a blocking wait defers handlers)."""
+        if not held.active:
+            work.wait() if self.timeout is None else work.wait(self.timeout)
+            return
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout.total_seconds()
+        pause = 0.0002
+        while not work.is_completed():
+            if deadline is not None and time.monotonic() > deadline:
+                break  # the wait below times out
+            self._stop_if_expired(held, what)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
+        work.wait() if self.timeout is None else work.wait(datetime.timedelta(milliseconds=1))
 
     def exchange(
         self, send: np.ndarray, send_sizes: list[int], what: str
@@ -538,20 +579,25 @@ class _Comm:
             at += n
         return out
 
-    def _fail(self, what: str, error: Exception) -> None:
-        peers = self._silent_peers()
+    def _fail(self, what: str, error: Exception, held: _HeldTermination) -> None:
+        peers = self._silent_peers()  # SIGTERM still held (see run())
         who = (
             "; not answering: " + ", ".join(f"rank {p}" for p in peers)
             if peers
             else "; a peer died or stopped answering"
         )
         limit = f" (timeout {self.timeout.total_seconds():g}s)" if self.timeout else ""
-        raise GlobalShuffleError(
+        failure = GlobalShuffleError(
             f"rank {self.rank} of {self.world}: global_shuffle failed while {what}{limit}{who} "
             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})",
             rank=self.rank,
             peers=peers,
-        ) from error
+        )
+        if held.received is not None:
+            logger.error("%s: %s (stopping: %s received)", type(failure).__name__, failure,
+                         signal.Signals(held.received).name)
+            held.redeliver()  # stops the process as asked (unless a handler says otherwise)
+        raise failure from error
 
     def _silent_peers(self, wait: float = 3.0) -> tuple[int, ...]:
         """Ranks that do not check in to the rendezvous store within ``wait`` seconds.
@@ -574,3 +620,63 @@ class _Comm:
             return tuple(missing)
         except Exception:  # noqa: BLE001 - any failure: the store is gone with its host
             return (0,) if self.rank != 0 else ()
+
+
+class _NoHold:
+    """A ``with`` block that does nothing (the caller already holds SIGTERM)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class _HeldTermination:
+    """Holds back SIGTERM in a ``with`` block (main thread only; elsewhere a no-op).
+
+    ``received`` is the signal that arrived meanwhile (or None). Leaving the
+    block (or ``redeliver()``) puts the previous handler back and sends a held
+    signal again, so it takes effect as it would have, only later.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.since = 0.0
+        self._previous: Any = None
+        self._held = False
+
+    @property
+    def active(self) -> bool:
+        """Whether SIGTERM is being held (only the main thread can)."""
+        return self._held
+
+    def expired(self, grace: float) -> bool:
+        """Whether a signal was held for more than ``grace`` seconds."""
+        return self.received is not None and time.monotonic() - self.since > grace
+
+    def __enter__(self) -> _HeldTermination:  # noqa: PYI034 - a final, private class
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self._previous = signal.signal(signal.SIGTERM, self._hold)
+                self._held = True
+            except (ValueError, OSError):  # pragma: no cover - no signals here
+                self._held = False
+        return self
+
+    def _hold(self, signum: int, _frame: Any) -> None:
+        if self.received is None:
+            self.received, self.since = signum, time.monotonic()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.redeliver()
+
+    def redeliver(self) -> None:
+        """Puts the previous handler back and sends the held signal again."""
+        if self._held:
+            # None: a handler installed outside Python; the default is the best guess.
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._held = False
+        signum, self.received = self.received, None
+        if signum is not None:
+            signal.raise_signal(signum)

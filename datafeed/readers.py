@@ -29,7 +29,7 @@ from typing import Any
 
 from . import fs, ranges
 from .columns import RecordChunk
-from .errors import ReaderError
+from .errors import AccountingError, ReaderError
 from .parsing import ChunkParser
 from .ranges import LimitedReader, OrderedChunks, describe, plan_tasks
 from .slots import SlotSchema
@@ -65,6 +65,25 @@ class FileStats:
     bytes: int = 0
     seconds: float = 0.0
 
+    def check(self) -> None:
+        """Raises ``AccountingError`` unless every line read is a record or a
+        skip, and every skip has a reason."""
+        reasons = sum(self.skipped_reasons.values())
+        if self.lines != self.records + self.skipped_lines or reasons != self.skipped_lines:
+            raise AccountingError(
+                f"the load of {self.path} does not add up: expected lines read = records "
+                f"+ skipped lines, and skipped lines = the sum over their reasons; found "
+                f"{self.lines} lines, {self.records} records, {self.skipped_lines} skipped "
+                f"lines, reasons {self.skipped_reasons} (sum {reasons})"
+            )
+
+    def describe(self) -> str:
+        """``path: L lines = R records + S skipped (reason n, ...)``."""
+        text = f"{self.path}: {self.lines} lines = {self.records} records + {self.skipped_lines} skipped"
+        if self.skipped_reasons:
+            text += " (" + ", ".join(f"{r} {n}" for r, n in sorted(self.skipped_reasons.items())) + ")"
+        return text
+
 
 @dataclass
 class LoadStats:
@@ -78,7 +97,9 @@ class LoadStats:
         skipped_reasons: skipped lines per reason.
         bytes: bytes of MultiSlot text parsed.
         seconds: wall-clock time of the load.
-        per_file: the same counts for each file, in filelist order.
+        per_file: the same counts for each file, in filelist order; for each,
+            ``lines == records + skipped_lines`` and the reasons sum to
+            ``skipped_lines`` (checked at the end of every load and pass).
     """
 
     files: int = 0
@@ -92,8 +113,14 @@ class LoadStats:
 
     @classmethod
     def combine(cls, per_file: list[FileStats], seconds: float) -> LoadStats:
+        """The totals of ``per_file``, each checked to add up (``FileStats.check``).
+
+        Raises:
+            AccountingError: a file whose lines are not all records or skips.
+        """
         reasons: dict[str, int] = {}
         for f in per_file:
+            f.check()
             for reason, count in f.skipped_reasons.items():
                 reasons[reason] = reasons.get(reason, 0) + count
         return cls(
@@ -108,6 +135,7 @@ class LoadStats:
         )
 
     def to_dict(self) -> dict:
+        """The counts as a plain dict (JSON-able), per-file counts included."""
         return dataclasses.asdict(self)
 
 
@@ -149,7 +177,7 @@ class PipeProcess:
         self.command = command
         self.path = path if end is None else f"{path} (bytes {start}-{end})"
         self._processes: list[subprocess.Popen] = []
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self._gunzip_stderr: io.BufferedRandom | None = None
         # A remote file (datafeed/fs.py) is streamed into the first process's
         # stdin by a feeder thread; a local one is that stdin itself.
@@ -169,7 +197,7 @@ class PipeProcess:
             stdin: Any = self._input if self._input is not None else subprocess.PIPE
             gunzip = None
             if fs.is_gzip(path):
-                self._gunzip_stderr = tempfile.TemporaryFile()
+                self._gunzip_stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
                 gunzip = subprocess.Popen(
                     ["gzip", "-dc"],
                     stdin=stdin,
@@ -205,6 +233,8 @@ class PipeProcess:
 
     def kill(self) -> None:
         """Kills the command and everything it started."""
+        if self._feeder is not None:
+            self._feeder.stop()  # a download command (fs.DownloadCommand) too
         for process in self._processes:
             if process.poll() is None:
                 try:
@@ -221,6 +251,8 @@ class PipeProcess:
             self._feeder.join()
             if self._feeder.error is not None:
                 error = self._feeder.error
+                if isinstance(error, ReaderError):  # a download command's failure
+                    raise error
                 raise ReaderError(
                     f"reading {self.path} failed: {error}",
                     command=self.command, path=self.path, returncode=None, stderr_tail="",
@@ -379,15 +411,20 @@ class ReaderPool:
             process.kill()
 
     def run(
-        self, sink: ChunkSink, on_progress: Callable[[_Counters], None] | None = None
+        self,
+        sink: ChunkSink,
+        on_progress: Callable[[_Counters], None] | None = None,
+        *,
+        by_task: bool = False,
     ) -> LoadStats:
-        """Reads every file, handing each chunk to ``sink(file_index, chunk)``.
+        """Reads every file, handing each chunk to ``sink(file_index, chunk)``
+        (``by_task``: ``sink(task_position, chunk)``, positions in ``self.tasks``).
 
         Blocks until done. The first error of any reader stops the others and is
         re-raised here.
         """
         started = time.perf_counter()
-        chunks = OrderedChunks(self.tasks, len(self.paths), sink, self.ordered)
+        chunks = OrderedChunks(self.tasks, len(self.paths), sink, self.ordered, by_task)
         workers = [
             threading.Thread(target=self._work, args=(chunks,), name=f"datafeed-reader-{i}", daemon=True)
             for i in range(self.threads)

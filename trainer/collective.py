@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import bind
 from .errors import WorkerFailedError
 
 __all__ = [
@@ -87,7 +88,7 @@ def init_collective(
     try:
         dist.init_process_group(
             backend,
-            init_method=f"tcp://{master_endpoint}",
+            init_method=f"{bind.SCHEME}://{master_endpoint}",  # the store on its host only
             rank=rank,
             world_size=world_size,
             timeout=_timeout,
@@ -187,6 +188,21 @@ def all_reduce_tensor(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if op == "mean":
         result = result / _world()
     return result
+
+
+def all_gather_bytes(data: bytes) -> list[bytes]:
+    """Every rank's ``data``, in rank order (plain bytes: nothing is unpickled)."""
+    if not dist.is_initialized():
+        return [data]
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.zeros_like(size) for _ in range(_world())]
+    _wait(dist.all_gather(sizes, size, async_op=True), "all_gather of sizes")
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+    parts = [torch.empty_like(mine) for _ in range(_world())]
+    _wait(dist.all_gather(parts, mine, async_op=True), "all_gather of bytes")
+    return [bytes(part[: int(s.item())].numpy()) for part, s in zip(parts, sizes)]
 
 
 # -- model-parallel pieces with autograd ------------------------------------------

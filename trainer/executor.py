@@ -51,6 +51,10 @@ class RunSummary:
             ``forward``, ``backward``, ``step`` (optimizer step / push).
         last_fetch: the last batch's values of each ``fetch_list`` entry, by
             ``fetch_info`` name.
+        input: the dataset's ``stats()`` at the end of the pass (a
+            ``datafeed.LoadStats``: for a QueueDataset, the lines, records and
+            skipped lines of this pass, per file; for an InMemoryDataset, those
+            of its last load), or None for a plain iterable.
     """
 
     batches: int
@@ -60,9 +64,11 @@ class RunSummary:
     threads: int
     timings: dict[str, float] = field(default_factory=dict)
     last_fetch: dict[str, list[float]] = field(default_factory=dict)
+    input: Any = None
 
     @property
     def records_per_second(self) -> float:
+        """Records per second of wall-clock time (0.0 for a pass of no time)."""
         return self.records / self.seconds if self.seconds > 0 else 0.0
 
 
@@ -218,6 +224,8 @@ class Executor:
             if module is not None and not train:
                 module.train(was_training)
         summary = run.summary(time.perf_counter() - started, threads)
+        summary.input = _input_stats(dataset)
+        _log_summary("train_from_dataset" if train else "infer_from_dataset", summary)
         if debug:
             print(_debug_line(run, summary.records, summary.seconds, final=True),
                   file=sys.stderr, flush=True)
@@ -413,6 +421,31 @@ class _Run:
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+def _input_stats(dataset: Any) -> Any:
+    """The dataset's load accounting (``stats()``), or None for a plain iterable."""
+    stats = getattr(dataset, "stats", None)
+    if not callable(stats):
+        return None
+    try:
+        return stats()
+    except Exception:  # noqa: BLE001 - an iterable's own stats() of another meaning
+        return None
+
+
+def _log_summary(what: str, summary: RunSummary) -> None:
+    """One INFO line: what the pass delivered and what its input held."""
+    line = f"{what}: {summary.batches} batches, {summary.records} records in {summary.seconds:.2f} s"
+    stats = summary.input
+    if stats is not None and hasattr(stats, "per_file"):
+        line += (
+            f"; input: {stats.files} files, {stats.lines} lines = {stats.records} records "
+            f"+ {stats.skipped_lines} skipped lines"
+        )
+        if stats.skipped_reasons:
+            line += " (" + ", ".join(f"{r} {n}" for r, n in sorted(stats.skipped_reasons.items())) + ")"
+    logger.info(line)
 
 
 def _fetch_names(fetch_list: Sequence[Any] | None) -> list[str]:

@@ -15,9 +15,12 @@ A server that exits 0 is not a failure: its ``run_server()`` returns once every
 worker has called ``stop_worker()``, which can be before the workers have exited. Every child runs in its own
 process group and is stopped (SIGTERM, then SIGKILL) on every path, Ctrl-C
 included, together with anything it started.
+Each process gets ``OMP_NUM_THREADS=1`` unless the environment sets it (the
+processes share the machine's cores).
 
 Collective mode (``--nproc_per_node``, ``--nnodes``, ...) starts the job through
-``torch.distributed.run`` (torchrun) with a fixed rendezvous on this machine.
+``torch.distributed.run`` (torchrun) with a fixed rendezvous on this machine,
+its store listening on ``--master_addr`` only (``trainer.bind``).
 """
 
 from __future__ import annotations
@@ -231,6 +234,13 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
     )
     for name in ("PADDLE_TRAINER_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         common.pop(name, None)  # not this job's: a stale value would confuse a role maker
+    # Every server and worker shares this machine's cores: torch's (and numpy's
+    # BLAS) default of one intra-op thread per core in each process makes them
+    # contend. One thread each unless the user chose: 10-20x the records/s of
+    # examples/wide_and_deep_ps (1 server + 2 workers, 2 cores, with its own
+    # set_num_threads(1) taken out: 2-6k records/s per worker without, 17-133k
+    # with). torchrun does the same for several processes per node.
+    common.setdefault("OMP_NUM_THREADS", "1")
     children: list[_Child] = []
     try:
         for index, endpoint in enumerate(servers):
@@ -291,7 +301,8 @@ def _run_collective(args: argparse.Namespace) -> int:
         raise SystemExit(f"fleetrun: --nproc_per_node must be >= 1, got {args.nproc_per_node}")
     port = args.master_port or _free_port(args.master_addr)
     command = [
-        sys.executable, "-m", "torch.distributed.run",
+        # torch.distributed.run, with its store listening on --master_addr only
+        sys.executable, "-m", "trainer.bind",
         f"--nproc_per_node={args.nproc_per_node}",
         f"--nnodes={args.nnodes}",
         f"--node_rank={args.node_rank}",
