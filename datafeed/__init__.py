@@ -8,19 +8,29 @@ tensors. ``import datafeed`` does not import torch (the batch stage does, on use
 
 from .batch import Batch, Ragged
 from .dataset import DatasetBase, DatasetFactory, InMemoryDataset, QueueDataset
-from .errors import CacheError, DatafeedError, ParseError, ReaderError, SchemaError
+from .errors import (
+    AccountingError,
+    CacheError,
+    DatafeedError,
+    GlobalShuffleError,
+    ParseError,
+    ReaderError,
+    SchemaError,
+)
 from .fs import list_files
 from .readers import FileStats, LoadStats
 from .slots import Slot, SlotSchema
 from .spec import format_slots, parse_slots
 
 __all__ = [
+    "AccountingError",
     "Batch",
     "CacheError",
     "DatafeedError",
     "DatasetBase",
     "DatasetFactory",
     "FileStats",
+    "GlobalShuffleError",
     "InMemoryDataset",
     "LoadStats",
     "ParseError",

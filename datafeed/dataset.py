@@ -11,7 +11,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -33,7 +33,7 @@ logger = logging.getLogger("datafeed")
 class DatasetBase:
     """Settings, file list and load accounting shared by both dataset kinds."""
 
-    _extra_settings: dict[str, Any] = {}
+    _extra_settings: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:
         self._settings = Settings({**PADDLE_SETTINGS, **FLEETFEED_SETTINGS, **self._extra_settings})
@@ -66,7 +66,9 @@ class DatasetBase:
             input_type: 0 (one record per line), the only supported value.
             fs_name, fs_ugi, download_cmd: Paddle's remote-file settings;
                 ``fs_name="hdfs://namenode:port"`` (and ``fs_ugi="user,password"``)
-                reads plain paths from that HDFS (datafeed/fs.py).
+                reads plain paths from that HDFS; a ``download_cmd`` other
+                than ``"cat"`` reads them through that command, the path
+                appended as one quoted argument (datafeed/fs.py).
             **settings: fleetfeed's settings: ``drop_last=False``, ``seed=None``,
                 ``on_bad_line="raise"|"skip"``, ``progress=None`` (a bar on a
                 terminal), ``max_line_bytes``, ``read_timeout=None`` (seconds
@@ -85,16 +87,16 @@ class DatasetBase:
             TypeError: an unknown setting.
             SchemaError: a setting with a bad value.
         """
-        values = dict(
-            batch_size=batch_size,
-            thread_num=thread_num,
-            use_var=use_var,
-            pipe_command=pipe_command,
-            input_type=input_type,
-            fs_name=fs_name,
-            fs_ugi=fs_ugi,
-            download_cmd=download_cmd,
-        )
+        values = {
+            "batch_size": batch_size,
+            "thread_num": thread_num,
+            "use_var": use_var,
+            "pipe_command": pipe_command,
+            "input_type": input_type,
+            "fs_name": fs_name,
+            "fs_ugi": fs_ugi,
+            "download_cmd": download_cmd,
+        }
         defaults = {**FLEETFEED_SETTINGS, **self._extra_settings}
         fresh = Settings({**PADDLE_SETTINGS, **defaults})
         fresh.apply({**values, **settings}, where="init")
@@ -111,23 +113,30 @@ class DatasetBase:
 
     @property
     def batch_size(self) -> int:
+        """Records per batch (the ``batch_size`` setting)."""
         return self._settings["batch_size"]
 
     @property
     def thread_num(self) -> int:
+        """Files read at once (the ``thread_num`` setting)."""
         return self._settings["thread_num"]
 
     # Paddle 1.x / fluid setters, kept so that older scripts run.
     def set_batch_size(self, batch_size: int) -> None:
+        """Paddle 1.x's setter: ``update_settings(batch_size=...)``."""
         self.update_settings(batch_size=batch_size)
 
     def set_thread(self, thread_num: int) -> None:
+        """Paddle 1.x's setter: ``update_settings(thread_num=...)``."""
         self.update_settings(thread_num=thread_num)
 
     def set_pipe_command(self, pipe_command: str) -> None:
+        """Paddle 1.x's setter: ``update_settings(pipe_command=...)``."""
         self.update_settings(pipe_command=pipe_command)
 
     def set_use_var(self, var_list: Iterable[Any]) -> None:
+        """Paddle 1.x's setter: ``update_settings(use_var=...)`` (replaces the
+        slots)."""
         self.update_settings(use_var=var_list)
 
     def set_filelist(self, filelist: Iterable[str]) -> None:
@@ -147,6 +156,7 @@ class DatasetBase:
         self._filelist = paths
 
     def get_filelist(self) -> list[str]:
+        """The input files given to ``set_filelist``."""
         return list(self._filelist)
 
     def stats(self) -> LoadStats:
@@ -170,11 +180,14 @@ class DatasetBase:
     _ordered_ranges = True
 
     def _filesystem(self) -> Any:
-        """The filesystem of plain paths: the ``filesystem`` setting, else HDFS
-        when Paddle's ``fs_name`` is set (datafeed/fs.py), else local files."""
+        """The filesystem of plain paths: the ``filesystem`` setting, else
+        Paddle's ``download_cmd`` when it is not ``"cat"``, else HDFS when
+        Paddle's ``fs_name`` is set (datafeed/fs.py), else local files."""
         s = self._settings
         if s["filesystem"] is not None:
             return s["filesystem"]
+        if s["download_cmd"].strip() not in ("", "cat"):
+            return fs.DownloadCommand(s["download_cmd"])
         if s["fs_name"]:
             key = (s["fs_name"], s["fs_ugi"])
             if getattr(self, "_hdfs", (None, None))[0] != key:
@@ -216,13 +229,19 @@ class DatasetBase:
     def _log_load(self, stats: LoadStats) -> None:
         rate = stats.lines / stats.seconds if stats.seconds else 0.0
         logger.info(
-            "loaded %d files: %d lines, %d records, %d skipped lines, %.1f MB in %.2f s "
+            "loaded %d files: %d lines = %d records + %d skipped lines, %.1f MB in %.2f s "
             "(%.0f lines/s)",
             stats.files, stats.lines, stats.records, stats.skipped_lines,
             stats.bytes / 1e6, stats.seconds, rate,
         )
         if stats.skipped_lines:
             logger.warning("skipped %d malformed lines: %s", stats.skipped_lines, stats.skipped_reasons)
+        # Per file: at INFO where lines were skipped (those are the files to look
+        # at), at DEBUG for every file; stats().per_file holds them all.
+        for file_stats in stats.per_file:
+            level = logging.INFO if file_stats.skipped_lines else logging.DEBUG
+            if logger.isEnabledFor(level):
+                logger.log(level, "  %s", file_stats.describe())
 
 
 class InMemoryDataset(DatasetBase):
@@ -263,7 +282,10 @@ class InMemoryDataset(DatasetBase):
         """Runs the pipe command on every file and keeps the records in memory.
 
         Records are appended to those already loaded. A failed load (a
-        ``ReaderError`` or ``ParseError``) leaves the dataset as it was.
+        ``ReaderError`` or ``ParseError``) leaves the dataset as it was. With
+        the ``cache`` setting, a cache that cannot be written (a full disk) is
+        an ``OSError`` naming it, raised once the records are in memory (they
+        stay there); no partial cache file is left.
 
         Args:
             is_shuffle: accepted for Paddle compatibility; shuffle with
@@ -346,7 +368,14 @@ class InMemoryDataset(DatasetBase):
         release_free_memory()  # the parsers' buffers, freed with their threads
         self._log_load(stats)
         if cache_path is not None:
-            self.save_cache(cache_path)
+            try:
+                self.save_cache(cache_path)
+            except OSError as error:  # a full disk: the load itself succeeded
+                raise OSError(
+                    error.errno,
+                    f"{error.strerror or error}; the {stats.records} records loaded stay "
+                    "in memory (iterate them, or free space and load again)",
+                ) from error
 
     # -- the parsed-data cache (datafeed/cache.py) -------------------------------------
 
@@ -449,6 +478,7 @@ class InMemoryDataset(DatasetBase):
         """
         from . import global_shuffle as gs
 
+        _join_worker_group(fleet)
         world = gs.distributed_world()
         workers = _worker_num(fleet) if fleet is not None else world
         if workers <= 1 and world <= 1:
@@ -457,8 +487,9 @@ class InMemoryDataset(DatasetBase):
         if world != workers:
             raise gs.GlobalShuffleError(
                 f"global_shuffle: the fleet has {workers} workers but the torch.distributed "
-                f"process group has {world} ranks; global_shuffle runs among the ranks of a "
-                "collective job (fleet.init(is_collective=True) or torchrun)",
+                f"process group has {world} ranks; global_shuffle runs among the workers "
+                "(the group of a collective job, or the one fleet.worker_group() forms in a "
+                "PS job)",
                 rank=0,
             )
         self._check_no_preload("global_shuffle")
@@ -596,11 +627,12 @@ class InMemoryDataset(DatasetBase):
         if fleet is not None and _worker_num(fleet) > 1:
             from . import global_shuffle as gs
 
+            _join_worker_group(fleet)
             if gs.distributed_world() != _worker_num(fleet):
                 raise gs.GlobalShuffleError(
                     f"get_memory_data_size: the fleet has {_worker_num(fleet)} workers but "
                     f"the torch.distributed process group has {gs.distributed_world()} "
-                    "ranks; sizes are summed among the ranks of a collective job",
+                    "ranks; sizes are summed among the workers' process group",
                     rank=0,
                 )
             return gs.all_reduce_count(local)
@@ -682,12 +714,117 @@ class QueueDataset(DatasetBase):
     queue_chunks = 4  # chunks buffered between the readers and the consumer
     _ordered_ranges = False
 
+    def __init__(self) -> None:
+        super().__init__()
+        # The resumable position (state_dict): completed passes, batches yielded
+        # in this pass, and per reader task (a file or a byte range of one) the
+        # records handed out in them: a task's records always arrive in order,
+        # so those counts say exactly which records a restarted pass skips.
+        self._epoch = 0
+        self._batches = 0
+        self._delivered: list[int] = []
+        self._tasks: list[list[Any]] = []
+        self._resume: dict[str, Any] | None = None
+
+    @property
+    def epoch(self) -> int:
+        """Passes completed."""
+        return self._epoch
+
+    @property
+    def batches_consumed(self) -> int:
+        """Batches yielded so far in the current pass."""
+        return self._batches
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of iteration: the epoch and, within an unfinished pass,
+        the records already handed out per reader task (file or byte range).
+
+        A plain dict of ints, strings and lists. See ``load_state_dict``.
+        """
+        return {
+            "version": QUEUE_STATE_VERSION,
+            "kind": "QueueDataset",
+            "epoch": self._epoch,
+            "batches_consumed": self._batches,
+            "batch_size": self.batch_size,
+            "drop_last": bool(self._settings["drop_last"]),
+            "filelist": list(self._filelist),
+            "tasks": [list(t) for t in self._tasks],
+            "delivered": list(self._delivered),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continues from a ``state_dict()`` of a QueueDataset over the same files.
+
+        The next pass skips the records the interrupted one had already handed
+        out, task by task: it yields exactly the records not yet seen in that
+        epoch, each file's in file order. With ``thread_num=1`` the order is
+        that of an uninterrupted pass; with more readers, files interleave as
+        they do in any pass.
+
+        Raises:
+            ValueError: the state does not fit this dataset (another file list,
+                batch size, or a reader plan that another ``thread_num`` changed).
+        """
+        if not isinstance(state_dict, dict) or state_dict.get("kind") != "QueueDataset":
+            raise ValueError(
+                "QueueDataset.load_state_dict() takes a QueueDataset.state_dict(), got "
+                f"{type(state_dict).__name__} {str(state_dict)[:80]!r}"
+            )
+        if state_dict.get("version") != QUEUE_STATE_VERSION:
+            raise ValueError(
+                f"QueueDataset.load_state_dict(): state version {state_dict.get('version')!r}, "
+                f"expected {QUEUE_STATE_VERSION}"
+            )
+        here = {
+            "filelist": list(self._filelist),
+            "batch_size": self.batch_size,
+            "drop_last": bool(self._settings["drop_last"]),
+        }
+        for key, value in here.items():
+            if state_dict[key] != value:
+                raise ValueError(
+                    f"QueueDataset.load_state_dict(): the state was taken with {key}="
+                    f"{state_dict[key]!r}, this dataset has {key}={value!r}"
+                )
+        self._epoch = int(state_dict["epoch"])
+        self._batches = int(state_dict["batches_consumed"])
+        self._tasks = [list(t) for t in state_dict["tasks"]]
+        self._delivered = [int(n) for n in state_dict["delivered"]]
+        self._resume = state_dict if any(self._delivered) else None
+        logger.info(
+            "QueueDataset.load_state_dict: epoch %d, resuming after %d batches (%d records)",
+            self._epoch, self._batches, sum(self._delivered),
+        )
+
+    def _plan(self, pool: ReaderPool | InProcessPool) -> list[int]:
+        """This pass's records to skip per task: those a loaded state says were
+        handed out (its reader plan must be this pass's)."""
+        tasks = [[t[0], t[2], t[3]] for t in pool.tasks]
+        resume, self._resume = self._resume, None
+        if resume is None:
+            self._tasks, self._delivered, self._batches = tasks, [0] * len(tasks), 0
+            return [0] * len(tasks)
+        if resume["tasks"] != tasks:
+            raise ValueError(
+                f"QueueDataset: the loaded state read the files as tasks {resume['tasks']}, "
+                f"this pass reads them as {tasks} (file index, first byte, end byte); "
+                "resume with the thread_num the state was taken with"
+            )
+        self._tasks = tasks
+        return list(self._delivered)
+
     def local_shuffle(self, *args: Any, **kwargs: Any) -> None:
+        """Not supported: a QueueDataset streams (``NotImplementedError``, as in
+        Paddle)."""
         raise NotImplementedError(
             "QueueDataset does not support local shuffle, please use InMemoryDataset for local_shuffle"
         )
 
     def global_shuffle(self, *args: Any, **kwargs: Any) -> None:
+        """Not supported: a QueueDataset streams (``NotImplementedError``, as in
+        Paddle)."""
         raise NotImplementedError(
             "QueueDataset does not support global shuffle, please use InMemoryDataset for global_shuffle"
         )
@@ -699,17 +836,19 @@ class QueueDataset(DatasetBase):
         done = object()
         outcome: dict[str, Any] = {}
 
-        def sink(_file_index: int, chunk: RecordChunk) -> None:
+        skip = self._plan(pool)
+
+        def sink(task: int, chunk: RecordChunk) -> None:
             while not pool.stopped:
                 try:
-                    chunks.put(chunk, timeout=0.1)
+                    chunks.put((task, chunk), timeout=0.1)
                     return
                 except queue.Full:
                     continue
 
         def produce() -> None:
             try:
-                outcome["stats"] = pool.run(sink)
+                outcome["stats"] = pool.run(sink, by_task=True)
             except BaseException as error:  # noqa: BLE001 - re-raised in the consumer
                 outcome["error"] = error
             while True:  # the consumer may have stopped reading: don't block forever
@@ -725,25 +864,46 @@ class QueueDataset(DatasetBase):
         builder = BatchBuilder(self.schema)
         batch_size, drop_last = self.batch_size, self._settings["drop_last"]
         pending: list[tuple[RecordChunk, int, int]] = []
+        pending_tasks: list[int] = []
         pending_rows = 0
+
+        def delivered() -> None:  # counted before the batch is yielded: state_dict
+            for task, (_, start, stop) in zip(pending_tasks, pending):  # may run meanwhile
+                self._delivered[task] += stop - start
+            self._batches += 1
+
         try:
             while True:
                 item = chunks.get()
                 if item is done:
                     break
-                row = 0
-                while row < item.rows:
-                    take = min(batch_size - pending_rows, item.rows - row)
-                    pending.append((item, row, row + take))
+                task, chunk = item
+                row = min(skip[task], chunk.rows)  # handed out before a restart
+                skip[task] -= row
+                while row < chunk.rows:
+                    take = min(batch_size - pending_rows, chunk.rows - row)
+                    pending.append((chunk, row, row + take))
+                    pending_tasks.append(task)
                     pending_rows += take
                     row += take
                     if pending_rows == batch_size:
-                        yield builder.from_pieces(pending)
-                        pending, pending_rows = [], 0
+                        delivered()
+                        batch = builder.from_pieces(pending)
+                        pending, pending_tasks, pending_rows = [], [], 0
+                        yield batch
             if "error" in outcome:
                 raise outcome["error"]
+            if any(skip):
+                raise ValueError(
+                    f"QueueDataset: the loaded state says {sum(self._delivered)} records "
+                    f"were handed out, but the files now hold {sum(skip)} fewer in "
+                    "the tasks it names; were the files changed?"
+                )
             if pending_rows and not drop_last:
+                delivered()
                 yield builder.from_chunk(concat_rows(pending), 0, pending_rows)
+            self._epoch += 1
+            self._batches, self._delivered = 0, [0] * len(self._delivered)
             self._stats = outcome["stats"]
             self._log_load(self._stats)
         finally:
@@ -759,9 +919,14 @@ class QueueDataset(DatasetBase):
 class DatasetFactory:
     """Paddle's factory: ``DatasetFactory().create_dataset("InMemoryDataset")``."""
 
-    _classes = {"InMemoryDataset": InMemoryDataset, "QueueDataset": QueueDataset}
+    _classes: ClassVar[dict[str, type[DatasetBase]]] = {
+        "InMemoryDataset": InMemoryDataset,
+        "QueueDataset": QueueDataset,
+    }
 
     def create_dataset(self, datafeed_class: str = "QueueDataset") -> DatasetBase:
+        """A new ``InMemoryDataset`` or ``QueueDataset``, by class name (``ValueError``
+        for another)."""
         try:
             return self._classes[datafeed_class]()
         except KeyError:
@@ -769,6 +934,17 @@ class DatasetFactory:
                 f"datafeed class {datafeed_class!r} does not exist; "
                 f"choose one of {', '.join(sorted(self._classes))}"
             ) from None
+
+
+QUEUE_STATE_VERSION = 1
+
+
+def _join_worker_group(fleet: Any) -> None:
+    """Lets ``trainer.fleet`` form the workers' process group where it has none yet
+    (a PS job); any other fleet-like object is used as it is."""
+    join = getattr(fleet, "worker_group", None)
+    if callable(join):
+        join()
 
 
 def _worker_num(fleet: Any) -> int:

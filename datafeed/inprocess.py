@@ -126,7 +126,7 @@ class _RangeLines:
 
     def __iter__(self) -> Iterator[str]:
         if self.path.endswith(".gz"):
-            raw: io.BufferedIOBase = gzip.open(self.path, "rb")  # type: ignore[assignment]
+            raw: io.BufferedIOBase = gzip.open(self.path, "rb")  # type: ignore[assignment]  # noqa: SIM115 - closed by the with below
         else:
             raw = open(self.path, "rb")  # noqa: SIM115 - closed by the with below
         with raw:
@@ -447,9 +447,13 @@ class InProcessPool:
         self._stop.set()
 
     def run(
-        self, sink: ChunkSink, on_progress: Callable[[_Counters], None] | None = None
+        self,
+        sink: ChunkSink,
+        on_progress: Callable[[_Counters], None] | None = None,
+        *,
+        by_task: bool = False,
     ) -> LoadStats:
-        """Loads every task; blocks until done.
+        """Loads every task; blocks until done. ``by_task``: as ``ReaderPool.run``.
 
         Raises:
             SampleError, ParseError or the generator's own exception: the
@@ -457,7 +461,7 @@ class InProcessPool:
             ReaderError: a worker process died without a word.
         """
         started = time.perf_counter()
-        state = OrderedChunks(self.tasks, len(self.paths), sink)
+        state = OrderedChunks(self.tasks, len(self.paths), sink, by_task=by_task)
         todo: deque[int] = deque(range(len(self.tasks)))
         workers: list[_Worker] = []
         context = _context()

@@ -109,12 +109,25 @@ class OrderedChunks:
     The tasks of one file (its byte ranges) may finish in any order; the
     chunks of a task wait until every earlier task of its file is through
     (``ordered=False`` passes them straight on, for streaming). Thread-safe.
+
+    The sink gets the chunk's file index, or with ``by_task`` its task's
+    position in ``tasks``: a task's chunks always arrive in order, so counting
+    rows per task tells exactly which records were handed on (QueueDataset's
+    resumable position), whether or not a file's ranges interleave.
     """
 
-    def __init__(self, tasks: Sequence[Task], files: int, sink: ChunkSink, ordered: bool = True) -> None:
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        files: int,
+        sink: ChunkSink,
+        ordered: bool = True,
+        by_task: bool = False,
+    ) -> None:
         self.tasks = tasks
         self.sink = sink
         self.ordered = ordered
+        self.by_task = by_task
         self.per_file: list[list[Any]] = [[] for _ in range(files)]
         self.order: dict[int, deque[int]] = {}
         for position, task in enumerate(tasks):
@@ -127,7 +140,7 @@ class OrderedChunks:
         file_index = self.tasks[position][0]
         with self.lock:
             if not self.ordered or self.order[file_index][0] == position:
-                self.sink(file_index, chunk)
+                self.sink(position if self.by_task else file_index, chunk)
             else:
                 self.held.setdefault(position, []).append(chunk)
 
@@ -142,5 +155,5 @@ class OrderedChunks:
                 queue.popleft()
                 if queue:  # the next range is now first: what it sent so far goes on
                     for chunk in self.held.pop(queue[0], []):
-                        self.sink(file_index, chunk)
+                        self.sink(queue[0] if self.by_task else file_index, chunk)
             return not queue

@@ -111,7 +111,9 @@ def load_dataset_state(ds: InMemoryDataset, state: dict[str, Any]) -> None:
             if gs.distributed_world() != world:
                 raise ValueError(
                     f"load_state_dict(): the state replays a global shuffle among {world} "
-                    f"workers; this process group has {gs.distributed_world()} ranks"
+                    f"workers; this process group has {gs.distributed_world()} ranks (in a PS "
+                    "job, call fleet.worker_group() first, or use fleet.load_persistables("
+                    "dirname, dataset=ds))"
                 )
             current = ds._require_store("load_state_dict")
             ds._store = None

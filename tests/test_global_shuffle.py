@@ -354,3 +354,79 @@ def test_the_death_of_rank_0_is_named(tmp_path: Path) -> None:
         assert f"rank {rank} of 3: global_shuffle failed" in error
         assert "not answering: rank 0" in error, error
         assert results[rank]["seconds"] < 15
+
+
+PS_JOB = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[2], "tests"))
+import torch
+from conftest import SMALL_SCHEMA
+from datafeed import InMemoryDataset
+from trainer import fleet
+
+out, files_json = sys.argv[1], sys.argv[3]
+fleet.init(timeout=30)
+model = torch.nn.Linear(3, 1)
+fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+if fleet.is_server():
+    fleet.init_server()
+    fleet.run_server()
+    sys.exit(0)
+fleet.init_worker()
+rank = fleet.worker_index()
+ds = InMemoryDataset()
+ds.init(batch_size=4, use_var=SMALL_SCHEMA)
+ds.set_filelist(json.loads(files_json)[rank])
+ds.load_into_memory()
+result = {"before": ds.get_memory_data_size(), "total": ds.get_memory_data_size(fleet)}
+ds.global_shuffle(fleet, seed=11)
+result["order"] = [int(v) for b in ds for v in b["dense"][:, 0].tolist()]
+result["reduced"] = fleet.util.all_reduce([rank + 1, 10], mode="max").tolist()
+# One call checkpoints the job mid-epoch; a fresh dataset resumes from it.
+seen = []
+for batch in ds:
+    seen += [int(v) for v in batch["dense"][:, 0].tolist()]
+    if ds.batches_consumed == 2:
+        fleet.save_persistables(os.path.join(out, "ckpt"), dataset=ds)
+        break
+resumed = InMemoryDataset()
+resumed.init(batch_size=4, use_var=SMALL_SCHEMA)
+resumed.set_filelist(json.loads(files_json)[rank])
+resumed.load_into_memory()
+fleet.load_persistables(os.path.join(out, "ckpt"), dataset=resumed)
+result["seen"] = seen
+result["rest"] = [int(v) for b in resumed for v in b["dense"][:, 0].tolist()]
+fleet.stop_worker()
+json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
+"""
+
+
+def test_global_shuffle_among_the_workers_of_a_ps_job(tmp_path: Path) -> None:
+    """A PS job's workers have no process group of their own (they talk to the
+    servers over RPC): fleet.worker_group() forms one on first use. The job's
+    checkpoint holds every worker's dataset position."""
+    import numpy as np
+
+    files, all_ids = _per_rank_files(tmp_path, [9, 14])
+    script = tmp_path / "ps_job.py"
+    script.write_text(PS_JOB)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.launch", "--server_num=1", "--worker_num=2",
+         str(script), str(tmp_path), str(REPO), json.dumps(files)],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["before"] for r in results] == [9, 14]
+    assert [r["total"] for r in results] == [23, 23]
+    perm = np.random.default_rng(11).permutation(23)
+    for rank, result in enumerate(results):
+        assert result["order"] == [all_ids[g] for g in perm[rank::2]]
+        assert result["reduced"] == [2, 10]
+        # Resumed from the checkpoint: exactly the records not yet seen, in order.
+        assert result["seen"] + result["rest"] == result["order"]
+        assert len(result["seen"]) == 8
+    saved = json.loads((tmp_path / "ckpt" / "dataset_state.json").read_text())
+    assert [w["batches_consumed"] for w in saved["workers"]] == [2, 2]
+    assert (tmp_path / "ckpt" / "meta.json").exists()  # the PS checkpoint beside it

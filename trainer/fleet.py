@@ -16,8 +16,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +50,7 @@ __all__ = [
     "stop_worker",
     "util",
     "worker_endpoints",
+    "worker_group",
     "worker_index",
     "worker_num",
 ]
@@ -54,6 +58,8 @@ __all__ = [
 logger = logging.getLogger("trainer.fleet")
 
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
+# Every worker's dataset state_dict(), beside the model (save_persistables(dataset=)).
+DATASET_STATE_FILE = "dataset_state.json"
 
 
 class Fleet:
@@ -66,6 +72,9 @@ class Fleet:
         self._runtime: Any = None
         self.optimizer: Any = None
         self.model: Any = None
+        self._timeout = DEFAULT_COLLECTIVE_TIMEOUT
+        # PS mode: whether this worker joined the workers' own gloo group.
+        self._ps_worker_group = False
 
     # -- init --------------------------------------------------------------------------
 
@@ -113,6 +122,7 @@ class Fleet:
         self._shutdown_collective()
         role = role_maker.generate_role()
         self._role_maker, self._role, self._strategy = role_maker, role, strategy
+        self._timeout = timeout
         self._runtime, self.optimizer, self.model = None, None, None
         if role.is_collective and role.distributed:
             from . import collective
@@ -125,13 +135,61 @@ class Fleet:
         logger.info("fleet.init: %s", role)
 
     def _shutdown_collective(self, wait_for_peers: bool = False) -> None:
-        if self._role is not None and self._role.is_collective and self._role.distributed:
+        collective_job = self._role is not None and self._role.is_collective and self._role.distributed
+        if collective_job or self._ps_worker_group:
             from . import collective
 
+            self._ps_worker_group = False
             collective.destroy(wait_for_peers)
+
+    def worker_group(self) -> bool:
+        """Makes sure the workers share a ``torch.distributed`` process group.
+
+        Dataset collectives (``global_shuffle``, ``get_memory_data_size(fleet)``)
+        and ``fleet.util.all_reduce`` run over the default process group. A
+        collective job has one from ``init``. In a PS job the workers have none
+        (they talk to servers over RPC), so the first call forms a gloo group of
+        the workers alone, with worker 0's endpoint as the rendezvous; every
+        worker must make the call (each of those operations is collective
+        anyway). ``stop_worker`` leaves it.
+
+        Returns:
+            True when there is a group of several workers, False for one worker.
+
+        Raises:
+            TrainerError: called on a server, or the role lacks the workers'
+                endpoints.
+            WorkerFailedError: the group did not form within ``init``'s timeout.
+        """
+        role = self.role
+        if role.is_server:
+            raise TrainerError(
+                f"server {role.index}: worker_group() is for workers; servers take no "
+                "part in dataset collectives"
+            )
+        if not role.distributed or role.worker_num <= 1:
+            return False
+        if role.is_collective or self._ps_worker_group:
+            return True
+        if len(role.worker_endpoints) != role.worker_num:
+            raise TrainerError(
+                f"worker {role.index}: forming the workers' process group needs one "
+                f"endpoint per worker ({role.worker_num}), found {list(role.worker_endpoints)}; "
+                "fleetrun sets PADDLE_TRAINER_ENDPOINTS, a UserDefinedRoleMaker takes "
+                "worker_endpoints="
+            )
+        from . import collective
+
+        collective.init_collective(
+            role.index, role.worker_num, role.worker_endpoints[0],
+            timeout=self._timeout, backend="gloo",
+        )
+        self._ps_worker_group = True
+        return True
 
     @property
     def role(self) -> ClusterRole:
+        """This process's role (``TrainerError`` before ``fleet.init()``)."""
         if self._role is None:
             raise TrainerError("fleet.init() has not been called")
         return self._role
@@ -150,18 +208,25 @@ class Fleet:
         return self._runtime
 
     def _local_note(self, what: str) -> None:
-        mode = "collective" if self.role.is_collective else "non-distributed"
-        logger.warning("%s() does nothing in %s fleet mode", what, mode)
+        # The same script runs locally by design: INFO there. In a collective job
+        # a PS call is more likely a mistake: WARNING.
+        if self.role.is_collective and self.role.distributed:
+            logger.warning("%s() does nothing in collective fleet mode", what)
+        else:
+            logger.info("%s() does nothing in non-distributed fleet mode", what)
 
     # -- role queries ------------------------------------------------------------------
 
     def is_worker(self) -> bool:
+        """Whether this process is a worker (trainer)."""
         return self.role.is_worker
 
     def is_server(self) -> bool:
+        """Whether this process is a parameter server."""
         return self.role.is_server
 
     def is_first_worker(self) -> bool:
+        """Whether this process is worker 0 (the one that saves and prints)."""
         return self.role.is_worker and self.role.index == 0
 
     def worker_index(self) -> int:
@@ -169,35 +234,48 @@ class Fleet:
         return self.role.index
 
     def server_index(self) -> int:
+        """This server's index (Paddle returns the process's own index, also on a
+        worker)."""
         return self.role.index
 
     def worker_num(self) -> int:
+        """The number of workers in the job (1 in a local run)."""
         return self.role.worker_num
 
     def server_num(self) -> int:
+        """The number of parameter servers (0 in a collective or local job)."""
         return self.role.server_num
 
     def worker_endpoints(self, to_string: bool = False) -> list[str] | str:
+        """The workers' ``ip:port`` endpoints, as a list or (``to_string``) joined by
+        commas."""
         endpoints = list(self.role.worker_endpoints)
         return ",".join(endpoints) if to_string else endpoints
 
     def server_endpoints(self, to_string: bool = False) -> list[str] | str:
+        """The servers' ``ip:port`` endpoints, as a list or (``to_string``) joined by
+        commas."""
         endpoints = list(self.role.server_endpoints)
         return ",".join(endpoints) if to_string else endpoints
 
     # -- runtime -----------------------------------------------------------------------
 
     def init_worker(self) -> None:
+        """PS mode: connects this worker to the servers; elsewhere it does nothing."""
         if not self._ps_mode:
             return self._local_note("init_worker")
         self._get_runtime().init_worker()
 
     def init_server(self, model_dir: str | None = None) -> None:
+        """PS mode: creates this server's tables (loaded from ``model_dir`` if given);
+        elsewhere it does nothing."""
         if not self._ps_mode:
             return self._local_note("init_server")
         self._get_runtime().init_server(model_dir)
 
     def run_server(self) -> None:
+        """PS mode: serves until every worker has called ``stop_worker()``; elsewhere
+        it does nothing."""
         if not self._ps_mode:
             return self._local_note("run_server")
         self._get_runtime().run_server()
@@ -208,6 +286,7 @@ class Fleet:
         group. Otherwise nothing."""
         if self._ps_mode:
             self._get_runtime().stop_worker()
+            self._shutdown_collective(wait_for_peers=True)
         elif self.role.is_collective and self.role.distributed:
             self._shutdown_collective(wait_for_peers=True)
             self.model = None  # its DistributedDataParallel wrapper is dead now
@@ -271,7 +350,9 @@ class Fleet:
             return wrapped
         return model
 
-    def save_persistables(self, dirname: str, model: Any = None, **kwargs: Any) -> None:
+    def save_persistables(
+        self, dirname: str, model: Any = None, dataset: Any = None, **kwargs: Any
+    ) -> None:
         """Saves what a job needs to continue.
 
         PS mode, and the local mode after ``distributed_optimizer`` (no ``model``
@@ -280,24 +361,83 @@ class Fleet:
         the model given to ``distributed_model``) in ``dirname/model.pt``,
         written by the first worker only.
 
+        With ``dataset`` (an InMemoryDataset or QueueDataset), one call
+        checkpoints the whole job: every worker must then make it; their
+        datasets' ``state_dict()`` are gathered to the first worker, which writes
+        them to ``dirname/dataset_state.json`` beside the model, and no worker
+        returns before the checkpoint is complete. ``load_persistables`` with a
+        dataset resumes each worker where it was.
+
         ``kwargs`` takes Paddle's ``executor``/``main_program``/``mode`` and ignores them.
         """
         _ignore_paddle_kwargs("save_persistables", kwargs)
+        states = None
+        if dataset is not None:
+            states = self._gather_dataset_states(dataset)
         if self._ps_mode or (self._runtime is not None and model is None):
-            self._get_runtime().save_persistables(dirname)
-            return
-        if not self.is_first_worker():
-            return
-        os.makedirs(dirname, exist_ok=True)
-        _local_persistables("save", dirname, self._target_model(model))
+            if dataset is None or self.is_first_worker():
+                self._get_runtime().save_persistables(dirname)
+        elif self.is_first_worker():
+            os.makedirs(dirname, exist_ok=True)
+            _local_persistables("save", dirname, self._target_model(model))
+        if states is not None:
+            if self.is_first_worker():
+                _write_atomically(
+                    os.path.join(dirname, DATASET_STATE_FILE),
+                    json.dumps({"workers": states}).encode(),
+                )
+            self.barrier_worker()  # nobody goes on with a half-written checkpoint
 
-    def load_persistables(self, dirname: str, model: Any = None, **kwargs: Any) -> None:
-        """Loads what ``save_persistables`` wrote (PS mode: through the runtime)."""
+    def load_persistables(
+        self, dirname: str, model: Any = None, dataset: Any = None, **kwargs: Any
+    ) -> None:
+        """Loads what ``save_persistables`` wrote (PS mode: through the runtime).
+
+        With ``dataset`` (loaded with the same files, not yet shuffled), also
+        this worker's dataset position from ``dirname/dataset_state.json``;
+        every worker must then make the call (a global shuffle is replayed
+        among them).
+
+        Raises:
+            FileNotFoundError: ``dirname`` holds no dataset state.
+            ValueError: the dataset state was saved by another number of workers,
+                or does not fit the dataset.
+        """
         _ignore_paddle_kwargs("load_persistables", kwargs)
         if self._ps_mode or (self._runtime is not None and model is None):
             self._get_runtime().load_persistables(dirname)
+        else:
+            _local_persistables("load", dirname, self._target_model(model))
+        if dataset is None:
             return
-        _local_persistables("load", dirname, self._target_model(model))
+        path = os.path.join(dirname, DATASET_STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"load_persistables(dataset=...): {path} does not exist; the checkpoint "
+                "was saved without a dataset"
+            )
+        with open(path, encoding="utf-8") as source:
+            states = json.load(source)["workers"]
+        if len(states) != self.worker_num():
+            raise ValueError(
+                f"load_persistables: {path} holds the dataset states of {len(states)} "
+                f"workers, this job has {self.worker_num()}"
+            )
+        self.worker_group()  # a replayed global shuffle runs among the workers
+        dataset.load_state_dict(states[self.worker_index()])
+
+    def _gather_dataset_states(self, dataset: Any) -> list[dict[str, Any]]:
+        """Every worker's ``dataset.state_dict()``, in worker order (JSON on the wire)."""
+        if not callable(getattr(dataset, "state_dict", None)):
+            raise TypeError(
+                f"dataset must be an InMemoryDataset or QueueDataset, got {type(dataset).__name__}"
+            )
+        mine = json.dumps(dataset.state_dict()).encode()
+        if not self.worker_group():
+            return [json.loads(mine)]
+        from . import collective
+
+        return [json.loads(part) for part in collective.all_gather_bytes(mine)]
 
     def _target_model(self, model: Any) -> Any:
         target = model if model is not None else self.model
@@ -305,6 +445,7 @@ class Fleet:
 
     @property
     def strategy(self) -> DistributedStrategy:
+        """The strategy in force (from ``init`` or ``distributed_optimizer``)."""
         return self._strategy
 
 
@@ -316,10 +457,12 @@ class UtilBase:
 
     def all_reduce(self, input: Any, mode: str = "sum", comm_world: str = "worker") -> Any:
         """Reduces ``input`` (number, numpy array or tensor) over the workers:
-        ``mode`` is sum, mean, max or min. Returns the same kind as given.
+        ``mode`` is sum, mean, max or min. Returns a tensor for a tensor, a
+        numpy array for an array or a list, a number for a number.
 
-        Collective mode: a ``torch.distributed`` all-reduce. PS mode: through the
-        runtime. One local worker: the input itself.
+        A ``torch.distributed`` all-reduce over the workers (in PS mode over the
+        workers' own group, see ``Fleet.worker_group``). One local worker: the
+        input itself.
         """
         import numpy as np
         import torch
@@ -329,22 +472,19 @@ class UtilBase:
         role = self._fleet.role
         if role.worker_num == 1 and not role.distributed:
             return input
-        if self._fleet._ps_mode:
-            runtime = self._fleet._get_runtime()
-            if not hasattr(runtime, "all_reduce"):
-                raise TrainerError("this parameter-server runtime has no all_reduce")
-            return runtime.all_reduce(input, mode)
         from . import collective
 
+        self._fleet.worker_group()  # PS mode: the workers' own group, formed on first use
         tensor = input if isinstance(input, torch.Tensor) else torch.as_tensor(np.asarray(input))
         result = collective.all_reduce_tensor(tensor, mode)
         if isinstance(input, torch.Tensor):
             return result
-        if isinstance(input, np.ndarray):
-            return result.numpy()
+        if isinstance(input, (np.ndarray, list, tuple)):
+            return result.numpy()  # Paddle returns a numpy array for sequences too
         return result.item()
 
     def barrier(self, comm_world: str = "worker") -> None:
+        """Waits until every worker reaches this call (``fleet.barrier_worker()``)."""
         self._fleet.barrier_worker()
 
     def get_file_shard(self, files: Sequence[str]) -> list[str]:
@@ -373,7 +513,22 @@ def _ps_available() -> bool:
     return True
 
 
+def _write_atomically(path: str, data: bytes) -> None:
+    """Writes ``path`` under a temporary name first: a crash never leaves half a file."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
 def _local_persistables(action: str, dirname: str, model: Any) -> None:
+    import io
+
     import torch
 
     path = os.path.join(dirname, "model.pt")
@@ -383,7 +538,9 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
             "or give it to fleet.distributed_model first"
         )
     if action == "save":
-        torch.save(model.state_dict(), path)
+        buffer = io.BytesIO()
+        torch.save(model.state_dict(), buffer)
+        _write_atomically(path, buffer.getvalue())
     else:
         if not os.path.exists(path):
             raise FileNotFoundError(f"load_persistables: {path} does not exist")
@@ -412,3 +569,4 @@ distributed_optimizer = _FLEET.distributed_optimizer
 distributed_model = _FLEET.distributed_model
 save_persistables = _FLEET.save_persistables
 load_persistables = _FLEET.load_persistables
+worker_group = _FLEET.worker_group
