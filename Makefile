@@ -7,9 +7,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetfeed-installed
-SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx generators/*.pyx)
+SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx generators/*.pyx trainer/ps/*.pyx)
 
-.PHONY: all install build demo test bench bench-paddle clean
+.PHONY: all install build demo test bench bench-paddle bench-paddle-ps bench-ps clean
 
 all: test
 
@@ -43,6 +43,20 @@ $(PADDLE_VENV)/.installed:
 
 bench-paddle: $(PADDLE_VENV)/.installed
 
+# Paddle's parameter server, for benchmarks/bench_ps.py: the registry's CPU builds
+# from 3.1 on lack its runtime (no DistFleetWrapper); 3.0.0 has it and needs protobuf<6.
+PADDLE_PS_VENV ?= .venv-paddle30
+$(PADDLE_PS_VENV)/.installed:
+	$(PYTHON) -m venv $(PADDLE_PS_VENV)
+	$(PADDLE_PS_VENV)/bin/pip install --quiet paddlepaddle==3.0.0 "protobuf<6"
+	touch $@
+
+bench-paddle-ps: $(PADDLE_PS_VENV)/.installed
+
+# fleetfeed's PS and Paddle 3.0.0's side by side: benchmarks/results/ps.md.
+bench-ps: $(STAMP) $(PADDLE_PS_VENV)/.installed
+	$(PY) benchmarks/bench_ps.py --paddle --paddle-python $(PADDLE_PS_VENV)/bin/python --repeats 3
+
 # Each script replaces its own section of benchmarks/RESULTS.md.
 PADDLE_PY = $(if $(wildcard $(PADDLE_VENV)/bin/python),$(PADDLE_VENV)/bin/python,none)
 bench: $(STAMP)
@@ -51,6 +65,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_generator.py --paddle-python $(PADDLE_PY)
 	$(PY) benchmarks/fuzz_parser.py
 	$(PY) benchmarks/soak.py
+	$(PY) benchmarks/faults.py
+	$(PY) benchmarks/bench_global_shuffle.py
 
 clean:
-	rm -rf build *.egg-info datafeed/_*.c generators/_*.c datafeed/*.so generators/*.so
+	rm -rf build *.egg-info datafeed/_*.c generators/_*.c trainer/ps/_*.c datafeed/*.so generators/*.so trainer/ps/*.so

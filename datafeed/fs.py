@@ -6,7 +6,9 @@ host:port&scheme=http&region=...``, ``hdfs://namenode:port/path``, ``gs://...``,
 ``file:///...``); credentials come from the usual environment (``AWS_*``, ...).
 The ``filesystem=`` setting gives the filesystem of plain paths (a
 ``pyarrow.fs.FileSystem`` or an fsspec filesystem); Paddle's ``fs_name`` /
-``fs_ugi`` map onto an HDFS filesystem (``hdfs_filesystem``).
+``fs_ugi`` map onto an HDFS filesystem (``hdfs_filesystem``); Paddle's
+``download_cmd`` (other than ``"cat"``) reads plain paths through a command
+that prints the file (``DownloadCommand``).
 
 A remote file is streamed into the pipe command's standard input by a feeder
 thread, never copied to local disk first; a ``.gz`` file is streamed
@@ -18,6 +20,10 @@ from __future__ import annotations
 import fnmatch
 import functools
 import os
+import shlex
+import signal
+import subprocess
+import tempfile
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -25,9 +31,10 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
-from .errors import DatafeedError, SchemaError
+from .errors import DatafeedError, ReaderError, SchemaError
 
 __all__ = [
+    "DownloadCommand",
     "Feeder",
     "as_filesystem",
     "exists",
@@ -184,9 +191,18 @@ class Feeder:
                     pass
 
     def join(self) -> None:
+        """Waits for the copy to end."""
         self._thread.join()
 
+    def stop(self) -> None:
+        """Ends the copy early where the source allows it: a ``DownloadCommand``
+        stream is killed, so that a read blocked on it returns."""
+        kill = getattr(self._source, "kill", None)
+        if kill is not None:
+            kill()
+
     def raise_error(self) -> None:
+        """Waits for the copy; re-raises the error it hit, if any."""
         self.join()
         if self.error is not None:
             raise self.error
@@ -270,3 +286,123 @@ def hdfs_filesystem(fs_name: str, fs_ugi: str = "") -> pafs.FileSystem:
             "a JVM (set JAVA_HOME, HADOOP_HOME and ARROW_LIBHDFS_DIR, and CLASSPATH to "
             f"`hadoop classpath --glob`); the error was: {_first_line(error)}"
         ) from None
+
+
+STDERR_TAIL_LINES = 20
+
+
+class DownloadCommand:
+    """Paddle's ``download_cmd``: plain paths read through a shell command that
+    prints the file's bytes, the path appended as one shell-quoted argument
+    (``hadoop fs -cat`` becomes ``hadoop fs -cat '/user/x/part-0'``).
+
+    It stands where a filesystem does (``get_file_info``, ``open_input_stream``),
+    so every reader streams its output as it streams a remote file. Files
+    cannot be checked before reading: every path counts as a file of unknown
+    size, and a command that fails on one is a ``ReaderError`` naming the
+    command, the path, the exit status and the end of its stderr.
+    """
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __repr__(self) -> str:
+        return f"DownloadCommand({self.command!r})"
+
+    def shell_command(self, path: str) -> str:
+        """The shell command that prints ``path``: the path is one quoted word."""
+        return f"{self.command} {shlex.quote(path)}"
+
+    def get_file_info(self, path: str) -> pafs.FileInfo:
+        """Every path is taken to be a file (there is nothing to ask)."""
+        return pafs.FileInfo(path, pafs.FileType.File)
+
+    def open_input_stream(self, path: str, compression: Any = None) -> CommandStream:
+        """The command's standard output, as a readable stream."""
+        return CommandStream(self.shell_command(path), self.command, path)
+
+
+class CommandStream:
+    """The standard output of a download command, read like a file.
+
+    The end of the output is checked: a command that exits non-zero (or is
+    killed) raises ``ReaderError`` from the read that reaches the end, so a
+    failed download never passes for a short file.
+    """
+
+    def __init__(self, shell_command: str, command: str, path: str) -> None:
+        self.command, self.path = command, path
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        self._process = subprocess.Popen(
+            ["bash", "-c", "set -o pipefail; " + shell_command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,  # its own process group: kill() reaches children
+        )
+        self._stdout = self._process.stdout
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all when negative); ``b""`` at the end of a
+        successful download.
+
+        Raises:
+            ReaderError: the command failed.
+        """
+        data = self._stdout.read1(size) if size >= 0 else self._stdout.read()  # type: ignore[union-attr]
+        if not data:
+            self._check_exit()
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        """Reads into ``buffer``; 0 at the end of a successful download."""
+        n = self._stdout.readinto1(buffer)  # type: ignore[union-attr]
+        if not n:
+            self._check_exit()
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    def _check_exit(self) -> None:
+        returncode = self._process.wait()
+        if returncode == 0:
+            return
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - 16384))
+        lines = self._stderr.read().decode("utf-8", "replace").rstrip("\n").splitlines()
+        tail = "\n".join(lines[-STDERR_TAIL_LINES:])
+        if returncode < 0:
+            how = f"was killed by signal {-returncode}"
+        else:
+            how = f"exited with status {returncode}"
+        message = f"download command {self.command!r} {how} on {self.path}"
+        message += f"; last stderr lines:\n{tail}" if tail else " (no stderr output)"
+        raise ReaderError(
+            message, command=self.command, path=self.path, returncode=returncode, stderr_tail=tail
+        )
+
+    def kill(self) -> None:
+        """Kills the command and everything it started (a blocked read returns)."""
+        if self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def close(self) -> None:
+        """Kills the command if it still runs, reaps it, closes its pipes."""
+        if self.closed:
+            return
+        self.closed = True
+        self.kill()
+        self._stdout.close()  # type: ignore[union-attr]
+        self._process.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> CommandStream:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -84,6 +84,7 @@ class Slot:
 
     @property
     def is_dense(self) -> bool:
+        """Whether the slot has a shape: exactly ``prod(shape)`` values per record."""
         return self.shape is not None
 
     @property
@@ -93,10 +94,12 @@ class Slot:
 
     @property
     def kind(self) -> int:
+        """The parser's code for the dtype (0 int64, 1 uint64, 2 float32)."""
         return _KINDS[self.dtype]
 
     @property
     def numpy_dtype(self) -> np.dtype:
+        """The numpy dtype of the slot's values (uint64 for a uint64 slot)."""
         return _NUMPY_DTYPES[self.dtype]
 
     def __str__(self) -> str:
@@ -165,9 +168,11 @@ class SlotSchema(Sequence[Slot]):
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The slot names, in order."""
         return tuple(s.name for s in self._slots)
 
     def index(self, name: str) -> int:  # type: ignore[override]
+        """The position of the slot named ``name`` (``SchemaError`` if none is)."""
         try:
             return self._index[name]
         except KeyError:

@@ -141,6 +141,7 @@ class StreamingAUC:
         self.load_state(self.state() + other.state())
 
     def reset(self) -> None:
+        """Forgets every prediction seen so far."""
         with self._lock:
             self._positive[:] = 0
             self._negative[:] = 0

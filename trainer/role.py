@@ -46,14 +46,17 @@ class ClusterRole:
 
     @property
     def is_worker(self) -> bool:
+        """Whether this process is a worker (trainer)."""
         return self.role == Role.WORKER
 
     @property
     def is_server(self) -> bool:
+        """Whether this process is a parameter server."""
         return self.role == Role.SERVER
 
     @property
     def server_num(self) -> int:
+        """The number of parameter servers (0 in a collective or local job)."""
         return len(self.server_endpoints)
 
     @classmethod

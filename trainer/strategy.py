@@ -68,6 +68,8 @@ class DistributedStrategy:
 
     @property
     def a_sync(self) -> bool:
+        """True (the default): asynchronous training, or GEO when ``k_steps > 0``;
+        False: synchronous."""
         return self._a_sync
 
     @a_sync.setter
@@ -114,6 +116,8 @@ class DistributedStrategy:
 
     @property
     def find_unused_parameters(self) -> bool:
+        """Collective mode: ``DistributedDataParallel``'s option for models whose
+        forward may leave some parameters unused."""
         return self._find_unused_parameters
 
     @find_unused_parameters.setter
