@@ -86,7 +86,7 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
-        "--write", action="store_true", help="update benchmarks/RESULTS.md"
+        "--no-write", action="store_true", help="print only; leave benchmarks/RESULTS.md alone"
     )
     args = parser.parse_args()
     with socket.socket() as s:
@@ -119,7 +119,7 @@ def main() -> None:
         )
     report = "\n".join(lines)
     print(report)
-    if args.write:
+    if not args.no_write:
         from results_file import as_section, write_section
 
         write_section("global_shuffle", as_section(report))

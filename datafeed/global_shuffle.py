@@ -18,7 +18,7 @@ an extra column and checked against the slots on arrival, through
 ``all_to_all_single`` on byte tensors. They go in rounds of at least
 ``send_batch_size`` records per destination per sender and about ``ROUND_BYTES``,
 so the memory in flight stays bounded (``benchmarks/bench_global_shuffle.py``,
-1M Criteo-layout records per worker, 2 workers on a 2-core machine: 0.71 M
+1M Criteo-layout records per worker, 2 workers on a 2-core machine: 0.85-1.0 M
 records/s per worker, peak extra memory 1.38x the worker's dataset). Payloads
 stay in host memory: over gloo, or over a gloo group made for the purpose when
 the default group is NCCL. Every collective is waited for with a timeout; a
