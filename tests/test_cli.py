@@ -329,3 +329,33 @@ def test_progress_bars_on_request(bad_file: Path):
     assert "checking" in shown
     quiet = datafeed("check", bad_file, "--slots", spec, "--no-progress", check_status=1).stderr
     assert "checking" not in quiet
+
+
+def _real_sample_table() -> list[tuple[str, str, str]]:
+    """(sample, reader, slots) rows of examples/real_samples/README.md."""
+    rows = []
+    for line in (REPO / "examples/real_samples/README.md").read_text().splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and "." in cells[0] and cells[1].endswith(".py"):
+            reader = cells[1] if "/" in cells[1] else f"examples/real_samples/{cells[1]}"
+            rows.append((cells[0], reader, cells[2]))
+    return rows
+
+
+def test_every_real_sample_has_a_reader_in_the_table():
+    listed = {sample for sample, _, _ in _real_sample_table()}
+    on_disk = {p.name for p in SHARED_DATA.iterdir() if p.name != "README.md"}
+    assert listed == on_disk
+
+
+@pytest.mark.parametrize("sample,reader,slots", _real_sample_table(), ids=lambda v: str(v)[:24])
+def test_every_real_sample_checks_clean_with_its_reader(sample: str, reader: str, slots: str):
+    path = SHARED_DATA / sample
+    data = path.read_bytes()
+    lines = data.count(b"\n") + (not data.endswith(b"\n"))  # a last line without one counts
+    pipe = f"{sys.executable} {REPO / reader}"
+    checked = datafeed("check", path, "--pipe", pipe, "--slots", slots)
+    assert f"OK: 1 files, {lines} lines, {lines} records, 0 bad lines" in checked.stdout
+    report = json.loads(datafeed("stats", path, "--pipe", pipe, "--slots", slots, "--json").stdout)
+    assert (report["records"], report["skipped_lines"]) == (lines, 0)
+    assert [s["slot"] for s in report["slots"]] == [s.name for s in parse_slots(slots)]
