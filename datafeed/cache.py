@@ -32,7 +32,7 @@ import mmap
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -61,7 +61,12 @@ class SourceFile:
     @classmethod
     def of(cls, path: str) -> SourceFile:
         st = os.stat(path)
-        return cls(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+        return cls(source_key(path), st.st_size, st.st_mtime_ns)
+
+
+def source_key(path: str) -> str:
+    """How a cache names a source: a URI as given, a local path made absolute."""
+    return path if "://" in path else os.path.abspath(path)
 
 
 def stat_sources(paths: Sequence[str]) -> list[SourceFile]:
@@ -131,7 +136,10 @@ def write_cache(
 
 
 def read_cache(
-    path: str, schema: SlotSchema, filelist: Sequence[str] | None
+    path: str,
+    schema: SlotSchema,
+    filelist: Sequence[str] | None,
+    stat: Callable[[str], SourceFile] = SourceFile.of,
 ) -> tuple[list[RecordChunk], LoadStats, list[SourceFile]]:
     """Loads a cache written by ``write_cache``, refusing a stale one.
 
@@ -140,6 +148,8 @@ def read_cache(
         schema: the slots the caller declares (``use_var``); must equal the cache's.
         filelist: the files the caller means to load; when given (non-empty),
             the cache must hold exactly these, in this order.
+        stat: a source's size and mtime now (remote files: through their
+            filesystem).
 
     Returns:
         The records (numpy views of a copy-on-write memory map), the load
@@ -163,7 +173,7 @@ def read_cache(
     except pa.ArrowInvalid as error:
         raise CacheError(f"cache {path} is not an Arrow IPC file ({error})") from None
     meta = _metadata(path, reader.schema)
-    _check_fresh(path, meta, schema, filelist)
+    _check_fresh(path, meta, schema, filelist, stat)
     _check_columns(path, reader.schema, schema)
     base = np.frombuffer(mapped, dtype=np.uint8)
     base_address = base.ctypes.data
@@ -215,7 +225,11 @@ def _metadata(path: str, arrow_schema: pa.Schema) -> dict[str, Any]:
 
 
 def _check_fresh(
-    path: str, meta: dict[str, Any], schema: SlotSchema, filelist: Sequence[str] | None
+    path: str,
+    meta: dict[str, Any],
+    schema: SlotSchema,
+    filelist: Sequence[str] | None,
+    stat: Callable[[str], SourceFile],
 ) -> None:
     """Raises CacheError naming the first difference between the cache and now."""
     advice = f"delete {path} (or point the cache elsewhere) and load from the files"
@@ -227,7 +241,7 @@ def _check_fresh(
         )
     recorded = [s["path"] for s in meta["sources"]]
     if filelist:
-        wanted = [os.path.abspath(p) for p in filelist]
+        wanted = [source_key(p) for p in filelist]
         if wanted != recorded:
             extra = [p for p in wanted if p not in recorded]
             missing = [p for p in recorded if p not in wanted]
@@ -240,7 +254,7 @@ def _check_fresh(
             raise CacheError(f"stale cache {path}: it was made from another file list ({detail}); {advice}")
     for source in meta["sources"]:
         try:
-            now = SourceFile.of(source["path"])
+            now = stat(source["path"])
         except FileNotFoundError:
             raise CacheError(
                 f"stale cache {path}: its source {source['path']} no longer exists; {advice}"

@@ -18,7 +18,7 @@ import pyarrow as pa
 from . import cache, fs, shuffle
 from .batch import Batch, BatchBuilder, concat_rows
 from .columns import RecordChunk
-from .errors import SchemaError
+from .errors import CacheError, SchemaError
 from .inprocess import InProcessPool
 from .memory import release_free_memory
 from .progress import LoadProgress, progress_enabled
@@ -332,13 +332,13 @@ class InMemoryDataset(DatasetBase):
             return
         # Taken before reading: a file that changes during the load makes the
         # cache stale rather than silently blessed.
-        filesystem = self._filesystem()
-        sources = [
-            cache.SourceFile(p, (info := fs.stat(p, filesystem)).size, info.mtime_ns or 0)
-            if fs.is_remote(p, filesystem)
-            else cache.SourceFile.of(p)
-            for p in self._filelist
-        ]
+        sources = [self._source_now(p) for p in self._filelist]
+        if cache_path is not None and any(s.size is None for s in sources):
+            raise CacheError(
+                f"the cache setting ({cache_path}) needs each file's size and mtime to tell "
+                "a stale cache, and files read through download_cmd have none; drop "
+                "cache= or read the files through a pyarrow.fs filesystem"
+            )
         pool = self._reader_pool(thread_num)
         per_file: list[list[RecordChunk]] = [[] for _ in self._filelist]
 
@@ -379,6 +379,14 @@ class InMemoryDataset(DatasetBase):
 
     # -- the parsed-data cache (datafeed/cache.py) -------------------------------------
 
+    def _source_now(self, path: str) -> cache.SourceFile:
+        """A source file's size and mtime now, local or through its filesystem."""
+        filesystem = self._filesystem()
+        if not fs.is_remote(path, filesystem):
+            return cache.SourceFile.of(path)
+        info = fs.stat(path, filesystem)
+        return cache.SourceFile(path, info.size, info.mtime_ns or 0)
+
     def save_cache(self, path: str | os.PathLike) -> None:
         """Writes the records in memory, in their current order, to a cache file.
 
@@ -388,8 +396,18 @@ class InMemoryDataset(DatasetBase):
 
         Raises:
             RuntimeError: no records in memory.
+            CacheError: a source's size is unknown (files read through
+                ``download_cmd``), so the cache could never be checked for
+                staleness.
         """
         store = self._require_store("save_cache")
+        unknown = [s.path for s in self._sources if s.size is None]
+        if unknown:
+            raise CacheError(
+                f"save_cache: the size and mtime of {unknown[0]} (and {len(unknown) - 1} more) "
+                "are unknown (read through download_cmd), so a cache of them could never "
+                "be checked for staleness; use a pyarrow.fs filesystem or local files"
+            )
         cache.write_cache(
             os.fspath(path), self.schema, store.chunks, self._sources, self._source_stats
         )
@@ -412,7 +430,9 @@ class InMemoryDataset(DatasetBase):
         if not len(self.schema):
             raise SchemaError("load_cache: no slots declared; call init(use_var=[...]) first")
         path = os.fspath(path)
-        chunks, stats, sources = cache.read_cache(path, self.schema, self._filelist)
+        chunks, stats, sources = cache.read_cache(
+            path, self.schema, self._filelist, stat=self._source_now
+        )
         store = self._store or RecordStore(self.schema)
         if store.schema != self.schema:
             raise SchemaError(

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -311,3 +312,30 @@ def test_the_python_snippets_of_docs_remote_files_md_run():
     assert snippets
     for snippet in snippets:
         exec(compile(snippet, "docs/remote_files.md", "exec"), {})  # noqa: S102 - our own docs
+
+
+def test_a_cache_of_s3_files_is_reused_and_goes_stale_when_an_object_changes(
+    s3, tmp_path: Path
+):
+    from datafeed import CacheError
+
+    client, query = s3
+    _upload(client, "cached/a.txt", "".join(small_line(i) for i in range(6)).encode())
+    uri = f"s3://{BUCKET}/cached/a.txt{query}"
+    cache_file = tmp_path / "records.arrow"
+    first, _ = _load(InMemoryDataset, [uri], cache=str(cache_file))
+    assert cache_file.exists() and len(first) == 6
+    again, stats = _load(InMemoryDataset, [uri], cache=str(cache_file))
+    assert again == first and stats.per_file[0].path == uri  # read from the cache
+    time.sleep(1.1)  # S3 mtimes have a one-second resolution
+    _upload(client, "cached/a.txt", "".join(small_line(i) for i in range(7)).encode())
+    with pytest.raises(CacheError, match=r"stale cache .*: source s3://.*cached/a\.txt\?endpoint.* changed .*size 200 -> 229"):
+        _load(InMemoryDataset, [uri], cache=str(cache_file))
+
+
+def test_a_cache_of_files_read_through_download_cmd_is_refused_before_loading(tmp_path: Path):
+    from datafeed import CacheError
+
+    files = write_small_files(tmp_path, files=1, per_file=3)
+    with pytest.raises(CacheError, match="files read through download_cmd have none"):
+        _load(InMemoryDataset, files, download_cmd="cat --", cache=str(tmp_path / "c.arrow"))
