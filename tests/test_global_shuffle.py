@@ -245,7 +245,7 @@ def test_a_failed_peer_is_named_within_the_timeout(
         assert results[rank]["peers"] == [2], error
         assert "not answering: rank 2" in error
         # The group's timeout (4 s when stalled) and the 3 s liveness probe.
-        assert results[rank]["seconds"] < 15
+        assert results[rank]["seconds"] < 30  # about 7 s idle; a loaded 2-core CI machine takes longer
 
 
 def test_without_a_process_group_it_is_a_local_shuffle(small_files: list[str]) -> None:
@@ -353,7 +353,7 @@ def test_the_death_of_rank_0_is_named(tmp_path: Path) -> None:
         error = results[rank]["error"]
         assert f"rank {rank} of 3: global_shuffle failed" in error
         assert "not answering: rank 0" in error, error
-        assert results[rank]["seconds"] < 15
+        assert results[rank]["seconds"] < 30
 
 
 PS_JOB = r"""
