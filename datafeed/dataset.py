@@ -39,6 +39,20 @@ class DatasetBase:
         self._settings = Settings({**PADDLE_SETTINGS, **FLEETFEED_SETTINGS, **self._extra_settings})
         self._filelist: list[str] = []
         self._stats = LoadStats()
+        # The position of iteration, for state_dict(): passes completed, and
+        # batches yielded in the current pass.
+        self._epoch = 0
+        self._batches = 0
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the records completed (a pass completes when iteration ends)."""
+        return self._epoch
+
+    @property
+    def batches_consumed(self) -> int:
+        """Batches yielded so far in the current pass."""
+        return self._batches
 
     # -- configuration ---------------------------------------------------------------
 
@@ -264,12 +278,10 @@ class InMemoryDataset(DatasetBase):
         self._preload: tuple[threading.Thread, dict[str, Any]] | None = None
         self._shuffles = 0
         self.last_shuffle_seed: int | None = None
-        # The position of iteration and the shuffles that made the order in
-        # memory, for state_dict() (datafeed/state.py).
+        # The shuffles that made the order in memory, for state_dict()
+        # (datafeed/state.py); the position itself is DatasetBase's.
         self._history: list[tuple[Any, ...]] = []
         self._records_before_shuffles = 0
-        self._epoch = 0
-        self._batches = 0
         self._epoch_started = False
         self._resume_batches: int | None = None
         # What the records in memory came from, for save_cache().
@@ -582,16 +594,6 @@ class InMemoryDataset(DatasetBase):
     # -- the position of iteration (datafeed/state.py) ---------------------------------
 
     @property
-    def epoch(self) -> int:
-        """Passes over the records completed (a pass completes when iteration ends)."""
-        return self._epoch
-
-    @property
-    def batches_consumed(self) -> int:
-        """Batches yielded so far in the current pass."""
-        return self._batches
-
-    @property
     def epoch_started(self) -> bool:
         """Whether the current epoch has begun: a shuffle or a batch since the last
         completed pass. A resumable loop shuffles only when it has not::
@@ -736,25 +738,12 @@ class QueueDataset(DatasetBase):
 
     def __init__(self) -> None:
         super().__init__()
-        # The resumable position (state_dict): completed passes, batches yielded
-        # in this pass, and per reader task (a file or a byte range of one) the
-        # records handed out in them: a task's records always arrive in order,
-        # so those counts say exactly which records a restarted pass skips.
-        self._epoch = 0
-        self._batches = 0
+        # Per reader task (a file or a byte range of one), the records handed
+        # out in this pass: a task's records always arrive in order, so those
+        # counts say exactly which records a restarted pass skips.
         self._delivered: list[int] = []
         self._tasks: list[list[Any]] = []
         self._resume: dict[str, Any] | None = None
-
-    @property
-    def epoch(self) -> int:
-        """Passes completed."""
-        return self._epoch
-
-    @property
-    def batches_consumed(self) -> int:
-        """Batches yielded so far in the current pass."""
-        return self._batches
 
     def state_dict(self) -> dict[str, Any]:
         """The position of iteration: the epoch and, within an unfinished pass,
