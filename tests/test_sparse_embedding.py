@@ -331,7 +331,9 @@ def test_hogwild_threads_push_their_own_pulls():
             for x, y in part:
                 nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
                 opt.step()
-                opt.zero_grad()
+                # Zeroed, not set to None: the other thread's torch optimizer
+                # may be between its "grad is not None" check and its use of it.
+                opt.zero_grad(set_to_none=False)
         except Exception as err:  # noqa: BLE001 - reported below
             errors.append(err)
 
