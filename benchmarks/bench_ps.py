@@ -379,6 +379,9 @@ def main() -> None:
             f"Adagrad rule lr {args.paddle_sparse_lr}, initial_g2sum {args.paddle_initial_g2sum}."
             if args.paddle else ""
         )
+        # Hand-written notes below the marker survive a rerun.
+        old = RESULTS.read_text() if RESULTS.exists() else ""
+        notes = old[old.index(NOTES_MARKER):] if NOTES_MARKER in old else NOTES_MARKER + "\n"
         RESULTS.write_text(
             "# Parameter server: 1 server + 2 workers\n\n"
             f"wide&deep (sparse dim {args.dim} + 1, Adagrad lr {args.lr} on the sparse tables, "
@@ -387,8 +390,11 @@ def main() -> None:
             f"{args.repeats} run(s) x 2 workers, "
             f"`python benchmarks/bench_ps.py{' --paddle' if args.paddle else ''} "
             f"--repeats {args.repeats}`. The machine's 2 cores are shared by the 3 processes "
-            f"(and anything else running).{paddle_note}\n\n" + table
+            f"(and anything else running).{paddle_note}\n\n" + table + "\n\n" + notes
         )
+
+
+NOTES_MARKER = "<!-- notes below are hand-written; bench_ps.py keeps them -->"
 
 
 def paddle_failure(message: str) -> str:
