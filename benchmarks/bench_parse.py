@@ -73,9 +73,9 @@ def load_text(lines: int) -> bytes:
     return path.read_bytes()
 
 
-def parse_all(data: memoryview, source: str) -> int:
+def parse_all(data: memoryview, source: str, schema: SlotSchema = SCHEMA) -> int:
     """Parses ``data`` as datafeed.readers does; returns the records parsed."""
-    parser = ChunkParser(SCHEMA, source)
+    parser = ChunkParser(schema, source)
     start = 0
     while start < len(data):
         end = min(start + FEED_BYTES, len(data))

@@ -25,10 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from datafeed import Slot, SlotSchema
-from datafeed.parsing import ChunkParser
+from bench_parse import parse_all  # the same feed loop as readers.py
 
-FEED_BYTES = 4 * 2**20
+from datafeed import Slot, SlotSchema
+
 CRITEO = SlotSchema(
     [Slot("dense_input", "float32", (13,))]
     + [Slot(f"C{i}", "uint64") for i in range(1, 27)]
@@ -66,21 +66,6 @@ def load(layout: str, lines: int) -> bytes:
     return b"".join(out)
 
 
-def parse_all(schema, data: memoryview) -> int:
-    parser = ChunkParser(schema, "bench")
-    start = 0
-    while start < len(data):
-        end = min(start + FEED_BYTES, len(data))
-        consumed = parser.feed(data[start:end])
-        if consumed == 0 and end == len(data):
-            break
-        start += consumed
-        parser.take_chunk()
-    parser.feed_final(data[start:])
-    parser.take_chunk()
-    return parser.records
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, default=200_000)
@@ -93,7 +78,7 @@ def main() -> None:
     wall, cpu = [], []
     for _ in range(args.runs):
         w, c = time.perf_counter(), time.thread_time()
-        n = parse_all(schema, view)
+        n = parse_all(view, "bench", schema)
         cpu.append(n / (time.thread_time() - c))
         wall.append(n / (time.perf_counter() - w))
     expected = data.count(b"\n")
