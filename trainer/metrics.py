@@ -24,6 +24,20 @@ def _as_numpy(values: Any) -> np.ndarray:
     return np.asarray(values).reshape(-1)
 
 
+def _labels_and_scores(labels: Any, scores: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean labels and float64 scores of the same length, without NaN."""
+    positive = _labels(labels)
+    score = _as_numpy(scores).astype(np.float64)
+    if positive.shape != score.shape:
+        raise ValueError(
+            f"labels and scores must have the same number of values, found "
+            f"{positive.size} labels and {score.size} scores"
+        )
+    if np.isnan(score).any():
+        raise ValueError("scores contain NaN")
+    return positive, score
+
+
 def _labels(values: Any) -> np.ndarray:
     labels = _as_numpy(values)
     if labels.size and not np.isin(labels, (0, 1)).all():
@@ -47,15 +61,7 @@ def auc(labels: Any, scores: Any) -> float:
         ValueError: on mismatched lengths, non-binary labels, NaN scores, or when
             only one class is present (the AUC is undefined).
     """
-    positive = _labels(labels)
-    score = _as_numpy(scores).astype(np.float64)
-    if positive.shape != score.shape:
-        raise ValueError(
-            f"labels and scores must have the same number of values, found "
-            f"{positive.size} labels and {score.size} scores"
-        )
-    if np.isnan(score).any():
-        raise ValueError("scores contain NaN")
+    positive, score = _labels_and_scores(labels, scores)
     n_pos = int(positive.sum())
     n_neg = positive.size - n_pos
     if n_pos == 0 or n_neg == 0:
@@ -101,15 +107,7 @@ class StreamingAUC:
         Raises:
             ValueError: on mismatched lengths, non-binary labels or NaN scores.
         """
-        positive = _labels(labels)
-        score = _as_numpy(scores).astype(np.float64)
-        if positive.shape != score.shape:
-            raise ValueError(
-                f"labels and scores must have the same number of values, found "
-                f"{positive.size} labels and {score.size} scores"
-            )
-        if np.isnan(score).any():
-            raise ValueError("scores contain NaN")
+        positive, score = _labels_and_scores(labels, scores)
         bucket = np.clip(score * self.num_thresholds, 0, self.num_thresholds).astype(np.int64)
         size = self.num_thresholds + 1
         pos = np.bincount(bucket[positive], minlength=size)
