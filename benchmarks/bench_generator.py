@@ -72,8 +72,8 @@ from results_file import as_section, write_section  # a sibling script
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 READER = HERE / "readers" / "criteo_reader.py"
-# The project's shared sample data sits next to the checkout.
-CRITEO_RAW = ROOT.parent / "shared" / "data" / "real" / "criteo_raw.tsv"
+# The project's real sample data (examples/data/real/README.md).
+CRITEO_RAW = ROOT / "examples" / "data" / "real" / "criteo_raw.tsv"
 RESULTS = HERE / "results" / "generator.md"
 # This project's CI image first, then where `make bench-paddle` installs Paddle.
 PADDLE_CANDIDATES = (

@@ -12,7 +12,7 @@ import pytest
 from datafeed import Slot
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data" / "real"
+REAL_DATA = REPO / "examples" / "data" / "real"  # samples of public data sets: its README.md
 PYTHON = sys.executable
 
 # Child processes (pipe commands, generators, workers) import this checkout,

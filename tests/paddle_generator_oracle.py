@@ -1,7 +1,7 @@
 """A slow, plain-Python model of Paddle's data generator base classes.
 
-Written from the specification in ``/work/shared/reference/paddle_semantics.md``
-§1 (``paddle.distributed.fleet.data_generator``) and from probing Paddle 3.3.1,
+Written from a record of Paddle's generator semantics (Paddle's
+``paddle.distributed.fleet.data_generator``, read as a specification) and from probing Paddle 3.3.1,
 not from Paddle's code. It is the oracle of ``tests/test_generators.py``: for
 every sample Paddle accepts, fleetfeed's generators must write the same bytes.
 It also stands in for Paddle's base class in ``benchmarks/bench_generator.py``.

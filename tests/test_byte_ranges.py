@@ -6,7 +6,7 @@ import gzip
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, SHARED_DATA, SMALL_SCHEMA, small_line
+from conftest import PYTHON, REPO, REAL_DATA, SMALL_SCHEMA, small_line
 
 from datafeed import InMemoryDataset, ParseError, QueueDataset, Slot, ranges
 from datafeed.readers import ReaderPool
@@ -76,7 +76,7 @@ def test_two_files_three_threads_split_each(tmp_path, big_file):
 
 def test_the_criteo_reader_over_ranges(tmp_path):
     path = tmp_path / "criteo.tsv"
-    lines = (SHARED_DATA / "criteo_raw.tsv").read_bytes().splitlines()
+    lines = (REAL_DATA / "criteo_raw.tsv").read_bytes().splitlines()
     path.write_bytes(b"".join(line + b"\n" for line in lines * 2))
     slots = ([Slot("dense_feature", "float32", (13,))]
              + [Slot(f"C{i}", "uint64") for i in range(1, 27)] + [Slot("label", "int64", (1,))])

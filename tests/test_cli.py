@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO, SHARED_DATA
+from conftest import REPO, REAL_DATA
 
 from datafeed import InMemoryDataset, SchemaError, Slot, format_slots, parse_slots
 
-CRITEO_RAW = SHARED_DATA / "criteo_raw.tsv"
-BST = SHARED_DATA / "bst_sequences.txt"
+CRITEO_RAW = REAL_DATA / "criteo_raw.tsv"
+BST = REAL_DATA / "bst_sequences.txt"
 CRITEO_READER = f"{sys.executable} {REPO / 'examples/criteo/reader.py'}"
 BST_READER = f"{sys.executable} {REPO / 'examples/bst/reader.py'}"
 CRITEO_SPEC = "dense_feature:float32:13,C1..C26:uint64,label:int64:1"
@@ -315,7 +315,7 @@ def test_the_examples_of_docs_cli_md_run():
     for command, status in examples:
         result = datafeed(*shlex.split(command), check_status=int(status))
         assert result.stdout
-    for shown in re.findall(r"^(\.\./shared/\S+:\d+: .*)$", text, flags=re.MULTILINE):
+    for shown in re.findall(r"^(examples/data/real/\S+:\d+: .*)$", text, flags=re.MULTILINE):
         path = shown.split(":", 1)[0]
         spec = "dense_feature:float32:13,C1..C26:uint64,label:int64:1"
         assert shown in datafeed("check", path, "--slots", spec, check_status=1).stdout
@@ -344,13 +344,13 @@ def _real_sample_table() -> list[tuple[str, str, str]]:
 
 def test_every_real_sample_has_a_reader_in_the_table():
     listed = {sample for sample, _, _ in _real_sample_table()}
-    on_disk = {p.name for p in SHARED_DATA.iterdir() if p.name != "README.md"}
+    on_disk = {p.name for p in REAL_DATA.iterdir() if p.name != "README.md"}
     assert listed == on_disk
 
 
 @pytest.mark.parametrize("sample,reader,slots", _real_sample_table(), ids=lambda v: str(v)[:24])
 def test_every_real_sample_checks_clean_with_its_reader(sample: str, reader: str, slots: str):
-    path = SHARED_DATA / sample
+    path = REAL_DATA / sample
     data = path.read_bytes()
     lines = data.count(b"\n") + (not data.endswith(b"\n"))  # a last line without one counts
     pipe = f"{sys.executable} {REPO / reader}"

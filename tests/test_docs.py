@@ -1,8 +1,8 @@
 """Every fenced code block of README.md and docs/*.md runs, or says why not.
 
-Each document's blocks run in order, in one fresh directory (``work/``, next to
-a link to ``../shared`` so that ``../shared/data/real/...`` resolves as it does
-from the repository root, and with ``examples/`` linked in):
+Each document's blocks run in order, in one fresh directory (``work/``, with
+``examples/`` linked in, so that ``examples/data/real/...`` resolves as it does
+from the repository root):
 
 - a ``python`` block is executed; the blocks of one document share one namespace
   (one Python process per document);
@@ -148,9 +148,6 @@ def test_the_slot_specs_of_docs_cli_md_parse(tmp_path: Path):
     "name", [name for name, blocks in ALL_BLOCKS.items() if any(runnable(b) for b in blocks)]
 )
 def test_doc_snippets_run(name: str, tmp_path: Path):
-    shared = REPO.parent / "shared"
-    if shared.exists():
-        (tmp_path / "shared").symlink_to(shared)
     work = tmp_path / "work"
     work.mkdir()
     (work / "examples").symlink_to(REPO / "examples")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, SHARED_DATA, child_pids
+from conftest import PYTHON, REPO, REAL_DATA, child_pids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -77,7 +77,7 @@ def same_stats(a, b) -> None:
 )
 def test_real_samples_give_the_pipe_paths_records_and_stats(tmp_path, reader, cls, slots, data):
     # Two copies of the file: two workers, and records in filelist order.
-    text = (SHARED_DATA / data).read_bytes()
+    text = (REAL_DATA / data).read_bytes()
     files = [tmp_path / "a.txt", tmp_path / "b.txt"]
     files[0].write_bytes(text)
     files[1].write_bytes(b"".join(line + b"\n" for line in reversed(text.splitlines())))
@@ -95,7 +95,7 @@ def test_real_samples_give_the_pipe_paths_records_and_stats(tmp_path, reader, cl
 
 def test_queue_dataset_streams_the_same_records(tmp_path):
     generator = import_reader(REPO / "examples/bst/reader.py", "BSTReader")
-    path = SHARED_DATA / "bst_sequences.txt"
+    path = REAL_DATA / "bst_sequences.txt"
     ds = QueueDataset()
     ds.init(batch_size=7, thread_num=2, use_var=BST_SLOTS, data_generator=generator, progress=False)
     ds.set_filelist([str(path), str(path)])

@@ -28,13 +28,7 @@ from reference_parser import Result, float32_bits
 from datafeed import ParseError, Slot, SlotSchema
 from datafeed.parsing import ChunkParser, chunk_to_arrow, parse_bytes
 
-CRITEO = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "data"
-    / "real"
-    / "criteo_slots.txt"
-)
+CRITEO = Path(__file__).resolve().parents[1] / "examples" / "data" / "real" / "criteo_slots.txt"
 
 SCHEMA = SlotSchema(
     [

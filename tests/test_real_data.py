@@ -1,4 +1,4 @@
-"""Real public samples (shared/data/real) through the example readers, end to end."""
+"""Real public samples (examples/data/real) through the example readers, end to end."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, SHARED_DATA
+from conftest import PYTHON, REPO, REAL_DATA
 
 from datafeed import InMemoryDataset, QueueDataset, Ragged, Slot
 
-CRITEO_RAW = SHARED_DATA / "criteo_raw.tsv"
-BST = SHARED_DATA / "bst_sequences.txt"
+CRITEO_RAW = REAL_DATA / "criteo_raw.tsv"
+BST = REAL_DATA / "bst_sequences.txt"
 CRITEO_SLOTS = (
     [Slot("dense_feature", "float32", (13,))]
     + [Slot(f"C{i}", "uint64") for i in range(1, 27)]

@@ -1,6 +1,6 @@
 """BST reader: user behaviour sequences (`name:value` tokens) -> MultiSlot records.
 
-Input lines (see shared/data/real/bst_sequences.txt) hold `userid`, a variable
+Input lines (see examples/data/real/bst_sequences.txt) hold `userid`, a variable
 number of `history`, `cate` and `position` tokens, then `target`, `target_cate`,
 `target_position` and `label`. Slots, in use_var order:
   userid, history, cate, position, target, target_cate, target_position, label
