@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetfeed-installed
 SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx generators/*.pyx trainer/ps/*.pyx)
 
-.PHONY: all install build demo test bench bench-paddle bench-paddle-ps bench-ps clean
+.PHONY: all install build demo test test-pythons bench bench-paddle bench-paddle-ps bench-ps clean
 
 all: test
 
@@ -32,6 +32,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The suite on every supported Python that is installed here, each in its own
+# venv (.venv-3.10, ...). An interpreter is found on PATH as python3.X, else
+# among pyenv's versions. Torch: the pinned 2.13.0, whichever build pip finds
+# for that Python (the CPU build on this disk is for 3.11 only; others take
+# PyPI's, several GB the first time).
+SUPPORTED_PYTHONS := 3.10 3.11 3.12 3.13
+find_python = $(firstword $(shell command -v python$(1) >/dev/null 2>&1 && python$(1) -c 1 >/dev/null 2>&1 && command -v python$(1)) $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/$(1).*/bin/python$(1)))
+test-pythons:
+	@$(foreach v,$(SUPPORTED_PYTHONS),$(if $(call find_python,$(v)),\
+	  echo "== Python $(v): $(call find_python,$(v))" && \
+	  $(MAKE) --no-print-directory test PYTHON=$(call find_python,$(v)) VENV=.venv-$(v) &&,\
+	  echo "== Python $(v): not installed, skipped" &&)) true
 
 # Benchmarks are not tests: they print figures and write benchmarks/RESULTS.md.
 # Paddle runs in its own virtual environment (it pins its own numpy/protobuf).

@@ -32,6 +32,8 @@ from datafeed._colbuf cimport ColumnBuffer, grow, take_columns
 
 import numpy as np
 
+from datafeed.errors import add_note
+
 
 cdef extern from "Python.h":
     # Declared here without an exception clause: the caller checks
@@ -331,7 +333,7 @@ cdef _note_input_line(object error, str where, Py_ssize_t line_number, object li
     cdef str text = repr(line)
     if len(text) > 160:
         text = text[:157] + "..."
-    error.add_note(f"in the samples of input line {line_number} of {where}: {text}")
+    add_note(error, f"in the samples of input line {line_number} of {where}: {text}")
 
 
 def run_samples(object lines, object generate_sample, ColumnBuilder builder,

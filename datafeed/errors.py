@@ -7,6 +7,8 @@ what was expected, what was found, and where.
 
 from __future__ import annotations
 
+import sys
+
 
 class DatafeedError(Exception):
     """Base class of every error raised by ``datafeed``."""
@@ -124,3 +126,17 @@ class GlobalShuffleError(DatafeedError, RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.peers = peers
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``, also on Python 3.10, which has no ``add_note``.
+
+    On 3.10 the note goes into ``error.__notes__`` as 3.11 keeps it, so code that
+    reads the notes and pickling behave alike (3.10's tracebacks do not print them).
+    """
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    elif isinstance(getattr(error, "__notes__", None), list):
+        error.__notes__.append(note)
+    else:
+        error.__notes__ = [note]

@@ -50,7 +50,7 @@ import numpy as np
 from . import ranges
 from ._samples import ColumnBuilder, run_samples
 from .columns import RecordChunk, SlotColumn
-from .errors import ParseError, ReaderError, SchemaError
+from .errors import ParseError, ReaderError, SchemaError, add_note
 from .parsing import ChunkParser
 from .ranges import LimitedReader, OrderedChunks, Task, describe, plan_tasks
 from .readers import (
@@ -261,7 +261,7 @@ class _FileLoader:
                 generator._new_formatter(), gen_str, write, TEXT_BLOCK_BYTES,
             )
         except SampleError as error:
-            error.add_note(f"in {self.source}")
+            add_note(error, f"in {self.source}")
             raise
         parser.feed_final(bytes(pending))
         self._send_parsed()
@@ -535,8 +535,8 @@ class InProcessPool:
             _, _, error, notes, trace = message
             for note in notes:
                 if note not in getattr(error, "__notes__", ()):
-                    error.add_note(note)
-            error.add_note(f"traceback in the generator worker process:\n{trace.rstrip()}")
+                    add_note(error, note)
+            add_note(error, f"traceback in the generator worker process:\n{trace.rstrip()}")
             raise error
 
 

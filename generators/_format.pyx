@@ -23,6 +23,8 @@ from libc.math cimport isfinite
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset, strlen
 
+import sys
+
 
 cdef extern from "Python.h":
     enum:
@@ -843,16 +845,24 @@ cdef int _emit_batch(SampleFormatter formatter, object gen_str,
 
 cdef void _note_input_line(object error, Py_ssize_t line_number, object line,
                            bint batching):
-    if not hasattr(error, "add_note"):  # Python < 3.11
-        return
     if line is None:
-        error.add_note("in the samples of generate_sample(None)")
+        _add_note(error, "in the samples of generate_sample(None)")
         return
     cdef str text = repr(line)
     if len(text) > 2 * REPR_LIMIT:
         text = text[:2 * REPR_LIMIT - 3] + "..."
     where = "in the batch that ends with" if batching else "in the samples of"
-    error.add_note(f"{where} input line {line_number}: {text}")
+    _add_note(error, f"{where} input line {line_number}: {text}")
+
+
+cdef void _add_note(object error, str note):
+    # BaseException.add_note is 3.11+; on 3.10 keep the note where 3.11 does.
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    elif isinstance(getattr(error, "__notes__", None), list):
+        error.__notes__.append(note)
+    else:
+        error.__notes__ = [note]
 
 
 def run_generator(object lines, object generate_sample, object generate_batch,
