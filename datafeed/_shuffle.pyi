@@ -10,6 +10,8 @@ def gather_fixed(
 def gather_ragged(
     sources: list[np.ndarray],
     source_offsets: list[np.ndarray],
+    offset_bytes: np.ndarray,
+    widths: np.ndarray,
     item_bytes: int,
     chunk_of: np.ndarray,
     row_of: np.ndarray,

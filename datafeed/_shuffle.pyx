@@ -5,7 +5,7 @@ of a shuffle, and the loops run without the GIL so that columns gather in
 parallel threads.
 """
 
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -60,14 +60,42 @@ def gather_fixed(list sources, Py_ssize_t record_bytes,
         PyMem_Free(table)
 
 
-def gather_ragged(list sources, list source_offsets, Py_ssize_t item_bytes,
+cdef inline int64_t _offset(const unsigned char* offsets, int64_t offset_bytes,
+                            int64_t width, int64_t row) noexcept nogil:
+    # Record ``row``'s first value: int32 or int64 offsets, or ``row * width``
+    # for an offset-free part (no offsets are widened or built to gather).
+    if offset_bytes == 4:
+        return (<const int32_t*> offsets)[row]
+    if offset_bytes == 8:
+        return (<const int64_t*> offsets)[row]
+    return row * width
+
+
+def gather_ragged(list sources, list source_offsets, const int64_t[::1] offset_bytes,
+                  const int64_t[::1] widths, Py_ssize_t item_bytes,
                   const int64_t[::1] chunk_of, const int64_t[::1] row_of,
-                  const int64_t[::1] out_offsets, unsigned char[::1] out):
+                  out_offsets, unsigned char[::1] out):
     """Variable-length records: record i's values are copied to out_offsets[i]...
 
-    ``source_offsets`` are the chunks' int64 offsets arrays viewed as uint8.
+    Part k's offsets are ``source_offsets[k]`` viewed as uint8, of
+    ``offset_bytes[k]`` (4 or 8) bytes each; or, when ``offset_bytes[k]`` is 0,
+    it has none and every record holds ``widths[k]`` values. ``out_offsets`` is
+    the output's int32 or int64 offsets array.
     """
     cdef Py_ssize_t n = chunk_of.shape[0]
+    cdef Py_ssize_t k = len(sources)
+    if len(source_offsets) != k or offset_bytes.shape[0] != k or widths.shape[0] != k:
+        raise ValueError(f"{k} parts, but offsets/widths for "
+                         f"{len(source_offsets)}/{offset_bytes.shape[0]}/{widths.shape[0]}")
+    cdef const int32_t[::1] out32
+    cdef const int64_t[::1] out64
+    cdef bint narrow = out_offsets.dtype.itemsize == 4
+    if narrow:
+        out32 = out_offsets
+    else:
+        out64 = out_offsets
+    if (out32.shape[0] if narrow else out64.shape[0]) < n:
+        raise ValueError(f"{n} records to gather but only offsets for fewer")
     cdef fleetfeed_cbytes* values = _pointers(sources)
     cdef fleetfeed_cbytes* offsets
     try:
@@ -76,18 +104,18 @@ def gather_ragged(list sources, list source_offsets, Py_ssize_t item_bytes,
         PyMem_Free(values)
         raise
     cdef Py_ssize_t i
-    cdef int64_t start, stop
-    cdef const int64_t* chunk_offsets
+    cdef int64_t part, row, start, stop, at
     cdef unsigned char* dst = &out[0] if out.shape[0] else NULL
     try:
         with nogil:
             for i in range(n):
-                chunk_offsets = <const int64_t*> offsets[chunk_of[i]]
-                start = chunk_offsets[row_of[i]]
-                stop = chunk_offsets[row_of[i] + 1]
+                part = chunk_of[i]
+                row = row_of[i]
+                start = _offset(offsets[part], offset_bytes[part], widths[part], row)
+                stop = _offset(offsets[part], offset_bytes[part], widths[part], row + 1)
+                at = out32[i] if narrow else out64[i]
                 if stop > start:
-                    memcpy(dst + out_offsets[i] * item_bytes,
-                           values[chunk_of[i]] + start * item_bytes,
+                    memcpy(dst + at * item_bytes, values[part] + start * item_bytes,
                            (stop - start) * item_bytes)
     finally:
         PyMem_Free(values)

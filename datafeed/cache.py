@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .columns import RecordChunk, SlotColumn
+from .arrow import arrow_schema_of, chunk_from_record_batch, chunk_to_record_batch
+from .columns import RecordChunk
 from .errors import CacheError
-from .readers import FileStats, LoadStats
 from .slots import SlotSchema
-from .store import arrow_schema_of, chunk_to_record_batch
+from .stats import FileStats, LoadStats
 
 METADATA_KEY = b"fleetfeed.cache"
 FORMAT = "fleetfeed-cache"
@@ -118,7 +118,7 @@ def write_cache(
     try:
         with pa.OSFile(temporary, "wb") as sink, pa.ipc.new_file(sink, arrow_schema) as writer:
             for chunk in chunks:
-                writer.write_batch(chunk_to_record_batch(schema, chunk, arrow_schema))
+                writer.write_batch(chunk_to_record_batch(schema, chunk))
         os.replace(temporary, path)  # atomic: readers see the old file or the new one
     except BaseException as error:
         try:
@@ -177,6 +177,12 @@ def read_cache(
     _check_columns(path, reader.schema, schema)
     base = np.frombuffer(mapped, dtype=np.uint8)
     base_address = base.ctypes.data
+
+    def view(buffer: pa.Buffer, dtype: np.dtype, offset: int, length: int) -> np.ndarray:
+        # A writable view of the memory map (never a copy) where Arrow's own
+        # views would be read-only.
+        start = buffer.address - base_address + offset * dtype.itemsize
+        return base[start : start + length * dtype.itemsize].view(dtype)
     chunks = []
     for index in range(reader.num_record_batches):
         # Never trust a file: offsets out of order or out of bounds would make
@@ -188,12 +194,13 @@ def read_cache(
             raise CacheError(f"cache {path} is corrupt: record batch {index}: {error}") from None
         if any(column.null_count for column in batch.columns):
             raise CacheError(f"cache {path} is corrupt: record batch {index} holds null records")
-        widths = meta["uniform_widths"][index]
-        columns = tuple(
-            _column(batch.column(i), slot, widths[i], base, base_address)
-            for i, slot in enumerate(schema)
-        )
-        chunks.append(RecordChunk(columns, batch.num_rows))
+        try:
+            chunk = chunk_from_record_batch(
+                schema, batch, widths=meta["uniform_widths"][index], view=view
+            )
+        except ValueError as error:
+            raise CacheError(f"cache {path} is corrupt: {error}") from None
+        chunks.append(chunk)
     sources = [SourceFile(**s) for s in meta["sources"]]
     per_file = [FileStats(**f) for f in meta["per_file"]]
     stats = LoadStats.combine(per_file, time.perf_counter() - started)
@@ -271,36 +278,3 @@ def _when(mtime_ns: int) -> str:
     seconds, rest = divmod(mtime_ns, 10**9)
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{rest:09d}"
 
-
-def _view(buffer: pa.Buffer, dtype: np.dtype, offset: int, length: int,
-          base: np.ndarray, base_address: int) -> np.ndarray:
-    """``length`` items of ``dtype`` at item ``offset`` of an Arrow buffer, as a
-    writable numpy view of the memory map (never a copy)."""
-    start = buffer.address - base_address + offset * dtype.itemsize
-    return base[start : start + length * dtype.itemsize].view(dtype)
-
-
-def _column(array: pa.Array, slot: Any, width: int, base: np.ndarray, base_address: int) -> SlotColumn:
-    dtype = slot.numpy_dtype
-    child = array.values
-    child_buffer = child.buffers()[1]
-    if slot.is_dense:
-        start = array.offset * slot.width + child.offset
-        values = _view(child_buffer, dtype, start, len(array) * slot.width, base, base_address)
-        return SlotColumn(values, None, slot.width)
-    offsets_buffer = array.buffers()[1]
-    offsets_dtype = np.dtype(np.int64) if pa.types.is_large_list(array.type) else np.dtype(np.int32)
-    offsets = _view(offsets_buffer, offsets_dtype, array.offset, len(array) + 1, base, base_address)
-    first = int(offsets[0]) if len(offsets) else 0
-    total = (int(offsets[-1]) - first) if len(offsets) else 0
-    values = _view(child_buffer, dtype, child.offset + first, total, base, base_address)
-    if width:  # every row holds `width` values: no offsets needed (as from the parser)
-        if len(offsets) > 1 and not bool(np.all(np.diff(offsets) == width)):
-            raise CacheError(
-                f"cache is corrupt: slot {slot.name!r} is recorded as {width} values per "
-                f"record, but its offsets disagree"
-            )
-        return SlotColumn(values, None, width)
-    if first:
-        offsets = offsets - first
-    return SlotColumn(values, offsets, 0)

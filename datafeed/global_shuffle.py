@@ -42,12 +42,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .batch import slice_column
-from .columns import RecordChunk, SlotColumn
+from .arrow import chunk_from_record_batch, chunk_to_record_batch, schema_problem
+from .columns import RecordChunk
 from .errors import GlobalShuffleError
 from .memory import release_free_memory
 from .slots import SlotSchema
-from .store import RecordStore, arrow_schema_of, column_to_arrow
+from .store import RecordStore
 
 logger = logging.getLogger("datafeed")
 
@@ -165,7 +165,6 @@ def _shuffle(
     per_round = max(send_batch_size * world, ROUND_BYTES // record_bytes)
     rounds = max(1, -(-int(counts.max()) // per_round))
     schema = store.schema
-    arrow_schema = arrow_schema_of(schema)
     received: list[RecordChunk] = []
     received_positions: list[np.ndarray] = []
     pending = list(store.chunks)
@@ -176,7 +175,6 @@ def _shuffle(
         part, pending = _take_rows(pending, end - begin)
         payloads = _encode_round(
             schema,
-            arrow_schema,
             part,
             positions[begin:end],
             destinations[begin:end],
@@ -275,21 +273,14 @@ def _take_rows(
             taken.append(chunk)
             rows -= chunk.rows
         else:
-            taken.append(_slice_chunk(chunk, 0, rows))
-            rest.insert(0, _slice_chunk(chunk, rows, chunk.rows))
+            taken.append(chunk.slice(0, rows))
+            rest.insert(0, chunk.slice(rows, chunk.rows))
             rows = 0
     return taken, rest
 
 
-def _slice_chunk(chunk: RecordChunk, start: int, stop: int) -> RecordChunk:
-    return RecordChunk(
-        tuple(slice_column(c, start, stop) for c in chunk.columns), stop - start
-    )
-
-
 def _encode_round(
     schema: SlotSchema,
-    arrow_schema: pa.Schema,
     part: list[RecordChunk],
     positions: np.ndarray,
     destinations: np.ndarray,
@@ -316,9 +307,7 @@ def _encode_round(
             batches.append(None)
             sizes.append(0)
             continue
-        batch = _wire_batch(
-            arrow_schema, _slice_chunk(grouped, lo, hi), sorted_positions[lo:hi]
-        )
+        batch = _wire_batch(schema, grouped.slice(lo, hi), sorted_positions[lo:hi])
         mock = pa.MockOutputStream()
         _write_stream(mock, batch)
         batches.append(batch)
@@ -337,7 +326,7 @@ def _write_stream(sink: Any, batch: pa.RecordBatch) -> None:
 
 
 def _wire_batch(
-    arrow_schema: pa.Schema, chunk: RecordChunk, positions: np.ndarray
+    schema: SlotSchema, chunk: RecordChunk, positions: np.ndarray
 ) -> pa.RecordBatch:
     """The records as Arrow, with their positions in a last column.
 
@@ -345,48 +334,20 @@ def _wire_batch(
     store, as Criteo's one-value slots) travels as ``fixed_size_list``: the
     offsets would add 4 bytes per record per slot to the wire and to memory.
     """
-    arrays, fields = [], []
-    for column, field in zip(chunk.columns, arrow_schema):
-        if column.offsets is None and not pa.types.is_fixed_size_list(field.type):
-            value_type = field.type.value_type
-            array = pa.FixedSizeListArray.from_arrays(
-                pa.array(column.values), column.width
-            )
-            field = pa.field(
-                field.name, pa.list_(value_type, column.width), nullable=False
-            )
-        else:
-            array = column_to_arrow(column, field.type)
-        arrays.append(array)
-        fields.append(field)
-    arrays.append(pa.array(positions))
-    fields.append(pa.field(POSITION, pa.int64(), nullable=False))
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+    batch = chunk_to_record_batch(schema, chunk, uniform_sparse=True)
+    return batch.append_column(
+        pa.field(POSITION, pa.int64(), nullable=False), pa.array(positions)
+    )
 
 
 def _check_wire_schema(schema: SlotSchema, got: pa.Schema) -> str | None:
-    """What is wrong with a payload's schema, or None: each slot's name and value
-    type; dense slots ``fixed_size_list`` of their width, sparse slots ``list`` or
-    ``fixed_size_list``; then the int64 positions."""
+    """What is wrong with a payload's schema, or None: the slots' columns (sparse
+    slots may come as ``fixed_size_list``), then the int64 positions."""
     if len(got) != len(schema) + 1:
         return f"{len(got)} columns, expected {len(schema)} slots and the positions"
-    for slot, field in zip(schema, got):
-        value_type = pa.from_numpy_dtype(slot.numpy_dtype)
-        kind = field.type
-        if field.name != slot.name:
-            return f"column {field.name!r} where slot {slot.name!r} was expected"
-        if pa.types.is_fixed_size_list(kind):
-            ok = kind.value_type == value_type and (
-                kind.list_size == slot.width if slot.is_dense else kind.list_size > 0
-            )
-        else:
-            ok = (
-                pa.types.is_list(kind)
-                and not slot.is_dense
-                and kind.value_type == value_type
-            )
-        if not ok:
-            return f"slot {slot.name!r} of type {kind}, expected {slot!r}"
+    problem = schema_problem(schema, got, uniform_sparse=True)
+    if problem is not None:
+        return problem
     last = got.field(len(schema))
     if last.name != POSITION or last.type != pa.int64():
         return (
@@ -434,24 +395,13 @@ def _decode(
         raise GlobalShuffleError(
             f"{where} holds records meant for other ranks", rank=rank
         )
-    columns = tuple(_column(batch.column(i), slot) for i, slot in enumerate(schema))
-    return RecordChunk(columns, batch.num_rows), positions
-
-
-def _column(array: pa.Array, slot: Any) -> SlotColumn:
-    """A numpy view of an Arrow list column (read-only: only gathered from)."""
-    if pa.types.is_fixed_size_list(array.type):
-        return SlotColumn(array.flatten().to_numpy(), None, array.type.list_size)
-    offsets = array.offsets.to_numpy()
-    first, last = int(offsets[0]), int(offsets[-1])
-    values = array.values.to_numpy()[first:last]
-    lengths = np.diff(offsets)
-    width = int(lengths[0]) if len(lengths) else 0
-    if width and (lengths == width).all():
-        # Every record holds ``width`` values (one-value Criteo slots): keep the
-        # store's offset-free layout, and the shuffled store no bigger than before.
-        return SlotColumn(values, None, width)
-    return SlotColumn(values, offsets - first if first else offsets, 0)
+    try:
+        # Read-only views (only gathered from); a column whose records all hold
+        # the same number of values comes back offset-free, as the store keeps it.
+        chunk = chunk_from_record_batch(schema, batch)
+    except ValueError as error:
+        raise GlobalShuffleError(f"{where}: {error}", rank=rank) from None
+    return chunk, positions
 
 
 # -- collectives with timeouts and named failures ------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _parse
+from .arrow import chunk_to_record_batch
 from .columns import RecordChunk, SlotColumn
 from .errors import SchemaError
 from .slots import SlotSchema
@@ -26,8 +27,6 @@ __all__ = ["ChunkParser", "chunk_to_arrow", "parse_bytes"]
 # Skip mode keeps the full message of this many bad lines for the logs.
 MAX_BAD_LINE_MESSAGES = 10
 DEFAULT_MAX_LINE_BYTES = 64 * 2**20
-
-_ARROW_TYPES = {"int64": pa.int64(), "uint64": pa.uint64(), "float32": pa.float32()}
 
 
 def _as_schema(schema: SlotSchema | Iterable[Any]) -> SlotSchema:
@@ -222,27 +221,6 @@ def chunk_to_arrow(
 
     A sparse slot becomes ``list<value type>`` (int32 offsets; ``large_list``
     when the chunk's offsets are int64); a dense slot ``fixed_size_list<value
-    type>[width]``. Columns are named after the slots.
+    type>[width]``. Columns are named after the slots (``datafeed.arrow``).
     """
-    schema = _as_schema(schema)
-    if len(chunk.columns) != len(schema):
-        raise ValueError(
-            f"the chunk has {len(chunk.columns)} columns but the schema {len(schema)} slots"
-        )
-    arrays = []
-    for slot, column in zip(schema, chunk.columns):
-        values = pa.array(column.values, type=_ARROW_TYPES[slot.dtype])  # zero-copy
-        if slot.is_dense:
-            arrays.append(pa.FixedSizeListArray.from_arrays(values, slot.width))
-            continue
-        offsets = column.offsets
-        if offsets is None:  # uniform record length: rebuild the offsets Arrow needs
-            total = chunk.rows * column.width
-            offsets = np.arange(chunk.rows + 1, dtype=np.int64) * column.width
-            if total <= np.iinfo(np.int32).max:
-                offsets = offsets.astype(np.int32)
-        if offsets.dtype == np.int64:
-            arrays.append(pa.LargeListArray.from_arrays(pa.array(offsets), values))
-        else:
-            arrays.append(pa.ListArray.from_arrays(pa.array(offsets), values))
-    return pa.RecordBatch.from_arrays(arrays, names=list(schema.names))
+    return chunk_to_record_batch(_as_schema(schema), chunk, large=None)
