@@ -18,9 +18,9 @@ from .errors import (
     SchemaError,
 )
 from .fs import list_files
-from .readers import FileStats, LoadStats
 from .slots import Slot, SlotSchema
 from .spec import format_slots, parse_slots
+from .stats import FileStats, LoadStats
 
 __all__ = [
     "AccountingError",

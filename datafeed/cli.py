@@ -32,10 +32,12 @@ from typing import IO, Any, TextIO, cast
 from . import fs
 from .errors import DatafeedError, ParseError, ReaderError
 from .parsing import ChunkParser, chunk_to_arrow, parse_bytes
+from .process import feed_in_pieces
 from .progress import LoadProgress, progress_enabled
-from .readers import PipeProcess, is_identity_command
+from .readers import is_identity_command, start_command
 from .slots import Slot, SlotSchema
 from .spec import parse_slots
+from .stats import LoadCounters
 
 __all__ = ["main"]
 
@@ -79,15 +81,6 @@ def _slot_kind(slot: Slot) -> str:
     return f"dense{list(slot.shape)}" if slot.shape is not None else "sparse"
 
 
-class _Counters:
-    """What ``LoadProgress.update`` reads, for commands that read files themselves."""
-
-    def __init__(self) -> None:
-        self.files_done = 0
-        self.lines = 0
-        self.bytes = 0
-
-
 def _dataset(args: argparse.Namespace, schema: SlotSchema, on_bad_line: str) -> Any:
     from .dataset import InMemoryDataset
 
@@ -110,7 +103,7 @@ def _dataset(args: argparse.Namespace, schema: SlotSchema, on_bad_line: str) -> 
 def _first_lines(command: str, path: str, count: int) -> tuple[list[bytes], bool]:
     """The first ``count`` output lines of ``command`` on ``path``, and whether the
     output ended before that (the command then ran to its end and was checked)."""
-    process = PipeProcess(command, path)
+    process = start_command(command, path)
     try:
         lines: list[bytes] = []
         stdout = cast(IO[bytes], process.stdout)  # Popen(stdout=PIPE) always has one
@@ -142,8 +135,9 @@ def _decode_loosely(schema: SlotSchema, line: bytes) -> list[tuple[str, str]]:
             rows.append((slot.name, f"count {count_token!r} is not an integer"))
             position += 1
             continue
-        values = [t.decode("utf-8", "replace") for t in tokens[position + 1 : position + 1 + max(count, 0)]]
-        position += 1 + max(count, 0)
+        end = position + 1 + max(count, 0)
+        values = [t.decode("utf-8", "replace") for t in tokens[position + 1 : end]]
+        position = end
         rows.append((slot.name, f"count {count:>3}: {_format_values(values)}"))
     if position < len(tokens):
         extra = [t.decode("utf-8", "replace") for t in tokens[position:]]
@@ -206,7 +200,7 @@ def _command_output(command: str, path: str) -> tuple[Any, Any]:
         file = open(path, "rb")  # noqa: SIM115 - closed by the caller
         return file, os.fstat(file.fileno()).st_size
     output = tempfile.TemporaryFile()  # noqa: SIM115 - returned open to the caller
-    process = PipeProcess(command, path)
+    process = start_command(command, path)
     try:
         shutil.copyfileobj(cast(IO[bytes], process.stdout), output, 1 << 20)
         output.flush()  # the caller maps the file: the bytes must be in it
@@ -221,17 +215,7 @@ def _command_output(command: str, path: str) -> tuple[Any, Any]:
 
 def _feed_all(parser: ChunkParser, view: memoryview) -> None:
     """Feeds ``view`` to the parser piece by piece, dropping the parsed rows."""
-    start = 0
-    while start < len(view):
-        limit = min(len(view), start + CHECK_FEED_BYTES)
-        consumed = parser.feed(view[start:limit])
-        if not consumed and limit < len(view):  # a line longer than one piece
-            consumed = parser.feed(view[start:])
-            limit = len(view)
-        start += consumed
-        parser.take_chunk()
-        if limit == len(view) or not consumed:
-            break
+    start = feed_in_pieces(parser, view, CHECK_FEED_BYTES, parser.take_chunk)
     parser.feed_final(view[start:])
     parser.take_chunk()
 
@@ -266,7 +250,9 @@ def _check_text(
                     "file": path,
                     "line": line,
                     "slot": error.slot,
-                    "token": None if error.token is None else error.token.decode("utf-8", "replace"),
+                    "token": (
+                        None if error.token is None else error.token.decode("utf-8", "replace")
+                    ),
                     "message": text,
                 }
             )
@@ -281,7 +267,7 @@ def _check_text(
 def _check(args: argparse.Namespace, out: TextIO) -> int:
     schema = _schema(args.slots)
     _check_files(args.files)
-    counters = _Counters()
+    counters = LoadCounters()
     progress = LoadProgress(len(args.files), progress_enabled(args.progress), "checking")
     results = []
     started = time.perf_counter()
@@ -303,9 +289,8 @@ def _check(args: argparse.Namespace, out: TextIO) -> int:
                                 _check_text(schema, path, mapped, view, result)
                             finally:
                                 view.release()
-            counters.files_done += 1
-            counters.lines += result.lines
-            counters.bytes += result.bytes
+            counters.add(result.lines, result.bytes)
+            counters.file_done()
             progress.update(counters)
     finally:
         progress.close()
@@ -346,7 +331,10 @@ def _check(args: argparse.Namespace, out: TextIO) -> int:
             state = "READER FAILED" if result.reader_error else (
                 f"{len(result.bad_lines)} bad" + (f" ({reasons})" if reasons else "")
             )
-            print(f"{result.path}: {result.lines} lines, {result.records} records, {state}", file=out)
+            print(
+                f"{result.path}: {result.lines} lines, {result.records} records, {state}",
+                file=out,
+            )
         verdict = "OK" if not bad and not failed else "FAILED"
         print(
             f"{verdict}: {summary['files']} files, {summary['lines']} lines, "
@@ -465,7 +453,9 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="input files (.gz is decompressed)")
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="input files (.gz is decompressed)"
+    )
     parser.add_argument(
         "--pipe",
         default="cat",

@@ -11,8 +11,8 @@ The ``filesystem=`` setting gives the filesystem of plain paths (a
 that prints the file (``DownloadCommand``).
 
 A remote file is streamed into the pipe command's standard input by a feeder
-thread, never copied to local disk first; a ``.gz`` file is streamed
-compressed into ``gzip -dc``. The file name never reaches a shell.
+thread (datafeed/process.py), never copied to local disk first; a ``.gz`` file
+is streamed compressed into ``gzip -dc``. The file name never reaches a shell.
 """
 
 from __future__ import annotations
@@ -21,21 +21,17 @@ import fnmatch
 import functools
 import os
 import shlex
-import signal
-import subprocess
-import tempfile
-import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
-from .errors import DatafeedError, ReaderError, SchemaError
+from .errors import DatafeedError, SchemaError
+from .process import CommandStream
 
 __all__ = [
     "DownloadCommand",
-    "Feeder",
     "as_filesystem",
     "exists",
     "hdfs_args",
@@ -45,11 +41,10 @@ __all__ = [
     "is_uri",
     "list_files",
     "missing_files",
+    "open_bytes",
     "open_input",
     "stat",
 ]
-
-FEED_BYTES = 1 << 20
 
 
 def is_uri(path: str) -> bool:
@@ -89,7 +84,9 @@ def resolve(path: str, filesystem: Any = None) -> tuple[pafs.FileSystem, str]:
             _, inner = pafs.FileSystem.from_uri(path)
             return _from_uri_base(base), inner
         except (OSError, ValueError, TypeError) as error:
-            raise DatafeedError(f"cannot open filesystem of {path!r}: {_first_line(error)}") from None
+            raise DatafeedError(
+                f"cannot open filesystem of {path!r}: {_first_line(error)}"
+            ) from None
     if filesystem is None:
         return pafs.LocalFileSystem(), os.path.abspath(path)
     return filesystem, path
@@ -155,57 +152,17 @@ def open_input(path: str, filesystem: Any = None) -> Any:
         raise
 
 
-class Feeder:
-    """Copies a remote input stream into a pipe (a command's stdin) on a thread.
+def open_bytes(path: str, filesystem: Any = None) -> Any:
+    """The raw bytes of ``path``, unbuffered and not decompressed: a local
+    file from ``open()`` (its descriptor can be a command's stdin), or the
+    input stream of a remote one (``open_input``).
 
-    The pipe is closed at the end of the stream (the command sees EOF). A
-    command that stops reading early (``BrokenPipeError``) just ends the copy;
-    any other error is kept and re-raised by ``join()``.
+    Raises:
+        FileNotFoundError: no such file or object.
     """
-
-    def __init__(self, source: Any, pipe: Any, name: str) -> None:
-        self._source = source  # owned by the feeder from here on
-        self._pipe = pipe
-        self.error: BaseException | None = None
-        self.bytes = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                data = self._source.read(FEED_BYTES)
-                if not data:
-                    break
-                self._pipe.write(data)
-                self.bytes += len(data)
-        except (BrokenPipeError, ValueError):
-            pass  # the command went away (or was killed): nothing more to feed
-        except BaseException as error:  # noqa: BLE001 - re-raised by join()
-            self.error = error
-        finally:
-            for closable in (self._pipe, self._source):
-                try:
-                    closable.close()
-                except (BrokenPipeError, OSError, ValueError):
-                    pass
-
-    def join(self) -> None:
-        """Waits for the copy to end."""
-        self._thread.join()
-
-    def stop(self) -> None:
-        """Ends the copy early where the source allows it: a ``DownloadCommand``
-        stream is killed, so that a read blocked on it returns."""
-        kill = getattr(self._source, "kill", None)
-        if kill is not None:
-            kill()
-
-    def raise_error(self) -> None:
-        """Waits for the copy; re-raises the error it hit, if any."""
-        self.join()
-        if self.error is not None:
-            raise self.error
+    if is_remote(path, filesystem):
+        return open_input(path, filesystem)
+    return open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
 
 
 def list_files(
@@ -288,9 +245,6 @@ def hdfs_filesystem(fs_name: str, fs_ugi: str = "") -> pafs.FileSystem:
         ) from None
 
 
-STDERR_TAIL_LINES = 20
-
-
 class DownloadCommand:
     """Paddle's ``download_cmd``: plain paths read through a shell command that
     prints the file's bytes, the path appended as one shell-quoted argument
@@ -320,89 +274,3 @@ class DownloadCommand:
     def open_input_stream(self, path: str, compression: Any = None) -> CommandStream:
         """The command's standard output, as a readable stream."""
         return CommandStream(self.shell_command(path), self.command, path)
-
-
-class CommandStream:
-    """The standard output of a download command, read like a file.
-
-    The end of the output is checked: a command that exits non-zero (or is
-    killed) raises ``ReaderError`` from the read that reaches the end, so a
-    failed download never passes for a short file.
-    """
-
-    def __init__(self, shell_command: str, command: str, path: str) -> None:
-        self.command, self.path = command, path
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        self._process = subprocess.Popen(
-            ["bash", "-c", "set -o pipefail; " + shell_command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            start_new_session=True,  # its own process group: kill() reaches children
-        )
-        self._stdout = self._process.stdout
-        self.closed = False
-
-    def read(self, size: int = -1) -> bytes:
-        """Up to ``size`` bytes (all when negative); ``b""`` at the end of a
-        successful download.
-
-        Raises:
-            ReaderError: the command failed.
-        """
-        data = self._stdout.read1(size) if size >= 0 else self._stdout.read()  # type: ignore[union-attr]
-        if not data:
-            self._check_exit()
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        """Reads into ``buffer``; 0 at the end of a successful download."""
-        n = self._stdout.readinto1(buffer)  # type: ignore[union-attr]
-        if not n:
-            self._check_exit()
-        return n
-
-    def readable(self) -> bool:
-        return True
-
-    def _check_exit(self) -> None:
-        returncode = self._process.wait()
-        if returncode == 0:
-            return
-        self._stderr.seek(0, os.SEEK_END)
-        self._stderr.seek(max(0, self._stderr.tell() - 16384))
-        lines = self._stderr.read().decode("utf-8", "replace").rstrip("\n").splitlines()
-        tail = "\n".join(lines[-STDERR_TAIL_LINES:])
-        if returncode < 0:
-            how = f"was killed by signal {-returncode}"
-        else:
-            how = f"exited with status {returncode}"
-        message = f"download command {self.command!r} {how} on {self.path}"
-        message += f"; last stderr lines:\n{tail}" if tail else " (no stderr output)"
-        raise ReaderError(
-            message, command=self.command, path=self.path, returncode=returncode, stderr_tail=tail
-        )
-
-    def kill(self) -> None:
-        """Kills the command and everything it started (a blocked read returns)."""
-        if self._process.poll() is None:
-            try:
-                os.killpg(self._process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def close(self) -> None:
-        """Kills the command if it still runs, reaps it, closes its pipes."""
-        if self.closed:
-            return
-        self.closed = True
-        self.kill()
-        self._stdout.close()  # type: ignore[union-attr]
-        self._process.wait()
-        self._stderr.close()
-
-    def __enter__(self) -> CommandStream:  # noqa: PYI034
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -8,36 +8,27 @@ they parse in parallel.
 
 A command that fails is a ``ReaderError``; the first error stops every other
 reader (their processes are killed) and is re-raised in the caller's thread.
+The commands themselves are datafeed/process.py's; what a load counts is
+datafeed/stats.py's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
 import io
-import logging
-import os
 import select
-import signal
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import fs, ranges
-from .columns import RecordChunk
-from .errors import AccountingError, ReaderError
 from .parsing import ChunkParser
-from .ranges import LimitedReader, OrderedChunks, describe, plan_tasks
+from .process import PipeProcess, feed_in_pieces
+from .ranges import ChunkSink, LimitedReader, OrderedChunks, describe, plan_tasks
 from .slots import SlotSchema
-
-logger = logging.getLogger("datafeed")
+from .stats import FileStats, LoadCounters, LoadStats, merge_file_stats
 
 READ_BUFFER_BYTES = 4 << 20
-PIPE_BUFFER_BYTES = 1 << 20
 # Rows per parsed chunk. Small chunks keep the parser's column buffers in cache:
 # on 1M Criteo lines with 2 threads, 64k-row chunks load 2.6 M lines/s, 8k-row
 # chunks 3.1 M (0.75 -> 0.62 CPU seconds). They also bound a QueueDataset's memory.
@@ -49,113 +40,6 @@ IDLE_FLUSH_SECONDS = 0.05
 # The parser is fed this much text at a time, so that chunks are cut close to
 # chunk_rows whatever the size of a read.
 FEED_BYTES = 256 << 10
-STDERR_TAIL_LINES = 20
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-
-
-@dataclass
-class FileStats:
-    """What reading one file produced."""
-
-    path: str
-    lines: int = 0
-    records: int = 0
-    skipped_lines: int = 0
-    skipped_reasons: dict[str, int] = field(default_factory=dict)
-    bytes: int = 0
-    seconds: float = 0.0
-
-    def check(self) -> None:
-        """Raises ``AccountingError`` unless every line read is a record or a
-        skip, and every skip has a reason."""
-        reasons = sum(self.skipped_reasons.values())
-        if self.lines != self.records + self.skipped_lines or reasons != self.skipped_lines:
-            raise AccountingError(
-                f"the load of {self.path} does not add up: expected lines read = records "
-                f"+ skipped lines, and skipped lines = the sum over their reasons; found "
-                f"{self.lines} lines, {self.records} records, {self.skipped_lines} skipped "
-                f"lines, reasons {self.skipped_reasons} (sum {reasons})"
-            )
-
-    def describe(self) -> str:
-        """``path: L lines = R records + S skipped (reason n, ...)``."""
-        text = f"{self.path}: {self.lines} lines = {self.records} records + {self.skipped_lines} skipped"
-        if self.skipped_reasons:
-            text += " (" + ", ".join(f"{r} {n}" for r, n in sorted(self.skipped_reasons.items())) + ")"
-        return text
-
-
-@dataclass
-class LoadStats:
-    """What the last load saw: every input line is a record or a counted skip.
-
-    Attributes:
-        files: files read.
-        lines: lines of MultiSlot text (the pipe command's output) read.
-        records: records kept.
-        skipped_lines: lines skipped as malformed (``on_bad_line="skip"``).
-        skipped_reasons: skipped lines per reason.
-        bytes: bytes of MultiSlot text parsed.
-        seconds: wall-clock time of the load.
-        per_file: the same counts for each file, in filelist order; for each,
-            ``lines == records + skipped_lines`` and the reasons sum to
-            ``skipped_lines`` (checked at the end of every load and pass).
-    """
-
-    files: int = 0
-    lines: int = 0
-    records: int = 0
-    skipped_lines: int = 0
-    skipped_reasons: dict[str, int] = field(default_factory=dict)
-    bytes: int = 0
-    seconds: float = 0.0
-    per_file: list[FileStats] = field(default_factory=list)
-
-    @classmethod
-    def combine(cls, per_file: list[FileStats], seconds: float) -> LoadStats:
-        """The totals of ``per_file``, each checked to add up (``FileStats.check``).
-
-        Raises:
-            AccountingError: a file whose lines are not all records or skips.
-        """
-        reasons: dict[str, int] = {}
-        for f in per_file:
-            f.check()
-            for reason, count in f.skipped_reasons.items():
-                reasons[reason] = reasons.get(reason, 0) + count
-        return cls(
-            files=len(per_file),
-            lines=sum(f.lines for f in per_file),
-            records=sum(f.records for f in per_file),
-            skipped_lines=sum(f.skipped_lines for f in per_file),
-            skipped_reasons=reasons,
-            bytes=sum(f.bytes for f in per_file),
-            seconds=seconds,
-            per_file=per_file,
-        )
-
-    def to_dict(self) -> dict:
-        """The counts as a plain dict (JSON-able), per-file counts included."""
-        return dataclasses.asdict(self)
-
-
-def merge_file_stats(path: str, parts: list[FileStats]) -> FileStats:
-    """One file's stats from those of its byte ranges (datafeed/ranges.py)."""
-    if len(parts) == 1:
-        return parts[0]
-    reasons: dict[str, int] = {}
-    for part in parts:
-        for reason, count in part.skipped_reasons.items():
-            reasons[reason] = reasons.get(reason, 0) + count
-    return FileStats(
-        path=path,
-        lines=sum(p.lines for p in parts),
-        records=sum(p.records for p in parts),
-        skipped_lines=sum(p.skipped_lines for p in parts),
-        skipped_reasons=reasons,
-        bytes=sum(p.bytes for p in parts),
-        seconds=max((p.seconds for p in parts), default=0.0),
-    )
 
 
 def is_identity_command(command: str) -> bool:
@@ -163,179 +47,22 @@ def is_identity_command(command: str) -> bool:
     return command.strip() == "cat"
 
 
-class PipeProcess:
-    """The pipe command running on one input file, its stdout readable by us."""
+def start_command(
+    command: str, path: str, *, start: int = 0, end: int | None = None, filesystem: Any = None
+) -> PipeProcess:
+    """The pipe command started on ``path``, or on its bytes ``start`` to ``end``.
 
-    def __init__(
-        self,
-        command: str,
-        path: str,
-        start: int = 0,
-        end: int | None = None,
-        filesystem: Any = None,
-    ) -> None:
-        self.command = command
-        self.path = path if end is None else f"{path} (bytes {start}-{end})"
-        self._processes: list[subprocess.Popen] = []
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        self._gunzip_stderr: io.BufferedRandom | None = None
-        # A remote file (datafeed/fs.py) is streamed into the first process's
-        # stdin by a feeder thread; a local one is that stdin itself.
-        remote = fs.is_remote(path, filesystem)
-        self._source: Any = fs.open_input(path, filesystem) if remote else None
-        self._feeder: fs.Feeder | None = None
-        self._input = None if remote else open(path, "rb")  # noqa: SIM115 - closed in close()
-        shell_command = command
-        if end is not None:
-            if self._input is None:
-                raise ValueError(f"byte ranges of remote files are not supported: {path}")
-            # A byte range: the command's stdin starts at `start` (the file
-            # offset is shared with the child) and `head` stops it at `end`.
-            os.lseek(self._input.fileno(), start, os.SEEK_SET)
-            shell_command = f"head -c {end - start} | {command}"
-        try:
-            stdin: Any = self._input if self._input is not None else subprocess.PIPE
-            gunzip = None
-            if fs.is_gzip(path):
-                self._gunzip_stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-                gunzip = subprocess.Popen(
-                    ["gzip", "-dc"],
-                    stdin=stdin,
-                    stdout=subprocess.PIPE,
-                    stderr=self._gunzip_stderr,
-                    start_new_session=True,
-                )
-                self._processes.append(gunzip)
-                stdin = gunzip.stdout
-            self.process = subprocess.Popen(
-                ["bash", "-c", "set -o pipefail; " + shell_command],
-                stdin=stdin,
-                stdout=subprocess.PIPE,
-                stderr=self._stderr,
-                start_new_session=True,  # its own process group: kill() reaches children
-            )
-            self._processes.append(self.process)
-            if gunzip is not None:
-                gunzip.stdout.close()  # type: ignore[union-attr]  # the command owns it now
-            if self._source is not None:
-                first = self._processes[0]
-                self._feeder = fs.Feeder(self._source, first.stdin, f"datafeed-feed {path}")
-                first.stdin = None  # the feeder owns (and closes) it now
-                self._source = None
-        except BaseException:
-            self.close()
-            raise
-        self.stdout = self.process.stdout
-        try:  # Larger pipe reads mean fewer parser calls; not fatal if refused.
-            fcntl.fcntl(self.stdout.fileno(), _F_SETPIPE_SZ, PIPE_BUFFER_BYTES)  # type: ignore[union-attr]
-        except OSError:
-            pass
-
-    def kill(self) -> None:
-        """Kills the command and everything it started."""
-        if self._feeder is not None:
-            self._feeder.stop()  # a download command (fs.DownloadCommand) too
-        for process in self._processes:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-    def wait(self) -> None:
-        """Waits for the command; raises ``ReaderError`` if it (or gunzip) failed."""
-        for process in self._processes:
-            process.wait()
-        if self._feeder is not None:
-            # A remote read that failed half-way must not pass for the file's end.
-            self._feeder.join()
-            if self._feeder.error is not None:
-                error = self._feeder.error
-                if isinstance(error, ReaderError):  # a download command's failure
-                    raise error
-                raise ReaderError(
-                    f"reading {self.path} failed: {error}",
-                    command=self.command, path=self.path, returncode=None, stderr_tail="",
-                ) from error
-        if self._processes[0] is not self.process:
-            gunzip = self._processes[0]
-            # gunzip killed by SIGPIPE just means the command stopped reading early.
-            if gunzip.returncode not in (0, -signal.SIGPIPE):
-                raise self._error("gzip -dc", gunzip.returncode, self._gunzip_stderr)
-        if self.process.returncode != 0:
-            raise self._error(self.command, self.process.returncode, self._stderr)
-
-    def timeout_error(self, seconds: float) -> ReaderError:
-        """The error for a command that wrote nothing for ``seconds`` (it is killed)."""
-        tail = _tail_lines(self._stderr, STDERR_TAIL_LINES)
-        message = (
-            f"command {self.command!r} wrote no output for {seconds:g} s on {self.path} "
-            f"(the read_timeout setting); it was stopped"
-        )
-        message += f"; last stderr lines:\n{tail}" if tail else " (no stderr output)"
-        return ReaderError(
-            message, command=self.command, path=self.path, returncode=None, stderr_tail=tail
-        )
-
-    def _error(self, command: str, returncode: int, stderr_file) -> ReaderError:
-        tail = _tail_lines(stderr_file, STDERR_TAIL_LINES)
-        if returncode < 0:
-            try:
-                how = f"was killed by signal {signal.Signals(-returncode).name}"
-            except ValueError:
-                how = f"was killed by signal {-returncode}"
-        else:
-            how = f"exited with status {returncode}"
-        message = f"command {command!r} {how} on {self.path}"
-        message += f"; last stderr lines:\n{tail}" if tail else " (no stderr output)"
-        return ReaderError(
-            message, command=command, path=self.path, returncode=returncode, stderr_tail=tail
-        )
-
-    def close(self) -> None:
-        """Kills what still runs, reaps every process, closes every file."""
-        self.kill()
-        for process in self._processes:
-            if process.stdout is not None:
-                process.stdout.close()
-            process.wait()
-        if self._feeder is not None:
-            self._feeder.join()  # the kill above broke its pipe: it ends
-        if self._source is not None:
-            self._source.close()
-        if self._input is not None:
-            self._input.close()
-        self._stderr.close()
-        if self._gunzip_stderr is not None:
-            self._gunzip_stderr.close()
-
-
-def _tail_lines(file, count: int) -> str:
-    if file is None:
-        return ""
-    file.seek(0, os.SEEK_END)
-    size = file.tell()
-    file.seek(max(0, size - 16384))
-    text = file.read().decode("utf-8", "replace")
-    return "\n".join(text.rstrip("\n").splitlines()[-count:])
-
-
-class _Counters:
-    """Progress shared by the reader threads (read by the progress display)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.lines = 0
-        self.bytes = 0
-        self.files_done = 0
-
-    def add(self, lines: int, nbytes: int) -> None:
-        with self.lock:
-            self.lines += lines
-            self.bytes += nbytes
-
-
-ChunkSink = Callable[[int, RecordChunk], None]
+    The file is opened here (datafeed/fs.py: local, remote, or through a
+    download command) and handed to the process, which closes it.
+    """
+    return PipeProcess(
+        command,
+        fs.open_bytes(path, filesystem),
+        name=describe((0, path, start, end)),
+        gunzip=fs.is_gzip(path),
+        start=start,
+        end=end,
+    )
 
 
 class ReaderPool:
@@ -378,7 +105,9 @@ class ReaderPool:
         self.schema = schema
         # Fewer files than threads: large files are read as byte ranges at once.
         self.tasks = plan_tasks(
-            self.paths, threads, ranges.MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
+            self.paths,
+            threads,
+            ranges.MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes,
         )
         if filesystem is not None:  # files of another filesystem are read whole
             self.tasks = [(i, p, 0, None) for i, p in enumerate(self.paths)]
@@ -388,7 +117,7 @@ class ReaderPool:
         self.max_line_bytes = max_line_bytes
         self.chunk_rows = chunk_rows
         self.read_timeout = read_timeout
-        self.counters = _Counters()
+        self.counters = LoadCounters()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._next_file = 0
@@ -413,7 +142,7 @@ class ReaderPool:
     def run(
         self,
         sink: ChunkSink,
-        on_progress: Callable[[_Counters], None] | None = None,
+        on_progress: Callable[[LoadCounters], None] | None = None,
         *,
         by_task: bool = False,
     ) -> LoadStats:
@@ -426,7 +155,9 @@ class ReaderPool:
         started = time.perf_counter()
         chunks = OrderedChunks(self.tasks, len(self.paths), sink, self.ordered, by_task)
         workers = [
-            threading.Thread(target=self._work, args=(chunks,), name=f"datafeed-reader-{i}", daemon=True)
+            threading.Thread(
+                target=self._work, args=(chunks,), name=f"datafeed-reader-{i}", daemon=True
+            )
             for i in range(self.threads)
         ]
         for worker in workers:
@@ -470,23 +201,25 @@ class ReaderPool:
                 self.stop()
                 return
             if last_of_file:
-                with self.counters.lock:
-                    self.counters.files_done += 1
+                self.counters.file_done()
 
     def _read_file(self, position: int, sink: ChunkSink) -> FileStats:
-        index, path, start, end = self.tasks[position]
+        task = self.tasks[position]
+        index, path, start, end = task
         started = time.perf_counter()
         identity = is_identity_command(self.command) and not fs.is_gzip(path)
         # A byte range's lines are numbered from its start; its name says so.
-        where = describe(self.tasks[position])
+        where = describe(task)
         source = where if identity else f"{self.command!r} on {where}"
         parser = ChunkParser(
-            self.schema, source, skip_bad_lines=self.skip_bad_lines, max_line_bytes=self.max_line_bytes
+            self.schema,
+            source,
+            skip_bad_lines=self.skip_bad_lines,
+            max_line_bytes=self.max_line_bytes,
         )
         if identity:
             # `cat` would only copy the file through a pipe: read it directly.
-            remote = fs.is_remote(path, self.filesystem)
-            with fs.open_input(path, self.filesystem) if remote else open(path, "rb", buffering=0) as file:
+            with fs.open_bytes(path, self.filesystem) as file:
                 raw: io.RawIOBase = file
                 if end is not None:
                     file.seek(start)
@@ -494,7 +227,9 @@ class ReaderPool:
                 nbytes, tail = self._parse_stream(raw, parser, index, sink)
                 self._finish(parser, tail, index, sink)
         else:
-            process = PipeProcess(self.command, path, start, end, filesystem=self.filesystem)
+            process = start_command(
+                self.command, path, start=start, end=end, filesystem=self.filesystem
+            )
             with self._lock:
                 self._active.add(process)
             try:
@@ -540,6 +275,11 @@ class ReaderPool:
         if process is not None:
             poller = select.poll()
             poller.register(raw.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+
+        def hand_on_full_chunk() -> None:
+            if parser.pending_rows >= self.chunk_rows:
+                sink(index, parser.take_chunk())  # type: ignore[arg-type]
+
         buffer = bytearray(READ_BUFFER_BYTES)
         view = memoryview(buffer)
         start = end = 0
@@ -566,30 +306,12 @@ class ReaderPool:
                 break
             end += n
             total += n
-            start = self._feed(parser, view, start, end, index, sink)
+            start += feed_in_pieces(parser, view[start:end], FEED_BYTES, hand_on_full_chunk)
             self.counters.add(parser.lines - lines_before, n)
             lines_before = parser.lines
         tail = bytes(view[start:end])
         view.release()
         return total, tail
-
-    def _feed(
-        self, parser: ChunkParser, view: memoryview, start: int, end: int, index: int, sink: ChunkSink
-    ) -> int:
-        """Parses the complete lines of ``view[start:end]``; returns the new start."""
-        while start < end:
-            limit = min(end, start + FEED_BYTES)
-            consumed = parser.feed(view[start:limit])
-            if not consumed and limit < end:
-                # A line longer than the slice: give the parser all there is.
-                consumed = parser.feed(view[start:end])
-                limit = end
-            start += consumed
-            if parser.pending_rows >= self.chunk_rows:
-                sink(index, parser.take_chunk())  # type: ignore[arg-type]
-            if limit == end or not consumed:
-                break
-        return start
 
     def _finish(self, parser: ChunkParser, tail: bytes, index: int, sink: ChunkSink) -> None:
         if self._stop.is_set():
