@@ -66,9 +66,18 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
+_POSITIVE_INTS = (
+    "batch_size", "thread_num", "max_line_bytes", "fleet_send_batch_size", "candidate_size"
+)
+
+
+def _is_number(value: Any, types: type | tuple[type, ...]) -> bool:
+    return isinstance(value, types) and not isinstance(value, bool)
+
+
 def _check(name: str, value: Any) -> Any:
     """Validates one setting; returns the value to store."""
-    if name in ("batch_size", "thread_num", "max_line_bytes", "fleet_send_batch_size", "candidate_size"):
+    if name in _POSITIVE_INTS:
         return _positive_int(name, value)
     if name == "use_var":
         return SlotSchema(value)
@@ -76,7 +85,9 @@ def _check(name: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise SchemaError(f"the {name!r} setting must be a str, got {value!r}")
         if name == "pipe_command" and not value.strip():
-            raise SchemaError("the 'pipe_command' setting must be a shell command, got an empty string")
+            raise SchemaError(
+                "the 'pipe_command' setting must be a shell command, got an empty string"
+            )
         return value
     if name == "input_type":
         if value != 0:
@@ -90,11 +101,13 @@ def _check(name: str, value: Any) -> Any:
             raise SchemaError(f"the 'on_bad_line' setting must be 'raise' or 'skip', got {value!r}")
         return value
     if name == "read_timeout":
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise SchemaError(f"the 'read_timeout' setting must be None or seconds > 0, got {value!r}")
+        if value is not None and not (_is_number(value, (int, float)) and value > 0):
+            raise SchemaError(
+                f"the 'read_timeout' setting must be None or seconds > 0, got {value!r}"
+            )
         return value
     if name == "seed":
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if value is not None and not (_is_number(value, int) and value >= 0):
             raise SchemaError(f"the 'seed' setting must be None or an int >= 0, got {value!r}")
         return value
     if name in ("drop_last", "fea_eval", "equal_batches"):
@@ -103,7 +116,9 @@ def _check(name: str, value: Any) -> Any:
         return value
     if name == "progress":
         if value is not None and not isinstance(value, bool):
-            raise SchemaError(f"the 'progress' setting must be None, True or False, got {value!r}")
+            raise SchemaError(
+                f"the 'progress' setting must be None, True or False, got {value!r}"
+            )
         return value
     if name == "filesystem":
         from .fs import as_filesystem  # imports pyarrow.fs only when set
@@ -141,6 +156,12 @@ class Settings:
         self._values["use_var"] = SlotSchema(())
 
     def apply(self, updates: dict[str, Any], *, where: str) -> None:
+        """Checks every one of ``updates``, then sets them all (none when one is bad).
+
+        Raises:
+            TypeError: an unknown setting, naming the method ``where`` it was given to.
+            SchemaError: a setting with a bad value.
+        """
         unknown = sorted(set(updates) - set(self._defaults))
         if unknown:
             raise TypeError(
@@ -154,4 +175,5 @@ class Settings:
         return self._values[name]
 
     def as_dict(self) -> dict[str, Any]:
+        """A copy of every setting's value, by name."""
         return dict(self._values)

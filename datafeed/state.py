@@ -1,5 +1,5 @@
-"""The resumable state of an ``InMemoryDataset``: where iteration is, and how the
-records in memory came to be in their order.
+"""The resumable state of the datasets: where iteration is, and (for an
+``InMemoryDataset``) how the records in memory came to be in their order.
 
 The order of the records is a function of the files loaded and the seeds of the
 shuffles applied since (every shuffle is seeded), so the state stores the seeds,
@@ -8,21 +8,30 @@ replays the shuffles and resumes after the batches already consumed: it sees
 exactly the records it had not yet seen in that epoch, in the same order as an
 uninterrupted run, and later epochs' shuffles (seeds derived from the ``seed``
 setting and the shuffle counter) continue the same sequence.
+
+A ``QueueDataset`` has no order to restore: its state is the records handed out
+per reader task (datafeed/position.py).
+
+This module turns the iteration-state objects into plain dicts and back, and
+checks that a state fits the dataset it is loaded into; the datasets call it
+with their values (it never reads a dataset).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import shuffle
-
-if TYPE_CHECKING:
-    from .dataset import InMemoryDataset
+from . import collectives, global_shuffle, shuffle
+from .position import Position, QueuePosition
+from .shuffle import ShuffleHistory
+from .slots import SlotSchema
+from .store import RecordStore
 
 logger = logging.getLogger("datafeed")
 
 VERSION = 1
+QUEUE_VERSION = 1
 _KEYS = (
     "version",
     "epoch",
@@ -37,28 +46,47 @@ _KEYS = (
     "shuffles",
 )
 
+# -- InMemoryDataset -------------------------------------------------------------------
 
-def dataset_state(ds: InMemoryDataset) -> dict[str, Any]:
-    """``ds.state_dict()``: plain ints, strings, bools and lists."""
-    rows = ds._store.rows if ds._store is not None else 0
+
+def inmemory_state(
+    position: Position,
+    history: ShuffleHistory,
+    *,
+    records: int,
+    batch_size: int,
+    drop_last: bool,
+    seed: int | None,
+) -> dict[str, Any]:
+    """``InMemoryDataset.state_dict()``: plain ints, strings, bools and lists.
+
+    Args:
+        records: the records in memory now.
+        seed: the ``seed`` setting.
+    """
     return {
         "version": VERSION,
-        "epoch": ds._epoch,
-        "batches_consumed": ds._batches,
-        "epoch_started": ds._epoch_started,
-        "batch_size": ds.batch_size,
-        "drop_last": bool(ds._settings["drop_last"]),
-        "seed": ds._settings["seed"],
-        "shuffle_counter": ds._shuffles,
-        "last_shuffle_seed": ds.last_shuffle_seed,
+        "epoch": position.epoch,
+        "batches_consumed": position.batches,
+        "epoch_started": position.started,
+        "batch_size": batch_size,
+        "drop_last": drop_last,
+        "seed": seed,
+        "shuffle_counter": history.counter,
+        "last_shuffle_seed": history.last_seed,
         # Records in memory before the first shuffle (the replay starts there).
-        "records": ds._records_before_shuffles if ds._history else rows,
-        "shuffles": [list(entry) for entry in ds._history],
+        "records": history.records_before if history.entries else records,
+        "shuffles": [list(entry) for entry in history.entries],
     }
 
 
-def load_dataset_state(ds: InMemoryDataset, state: dict[str, Any]) -> None:
-    """``ds.load_state_dict(state)``: checks, replays the shuffles, sets the position."""
+def check_inmemory_state(state: Any) -> None:
+    """Checks that ``state`` is an ``InMemoryDataset.state_dict()`` of this version.
+
+    Raises:
+        TypeError: not a dict.
+        ValueError: keys missing, or another version.
+    """
     if not isinstance(state, dict):
         raise TypeError(
             f"load_state_dict() takes a dict from state_dict(), got {type(state).__name__}"
@@ -72,85 +100,162 @@ def load_dataset_state(ds: InMemoryDataset, state: dict[str, Any]) -> None:
         raise ValueError(
             f"load_state_dict(): state version {state['version']!r}, expected {VERSION}"
         )
-    store = ds._require_store("load_state_dict")
-    if ds._history:
+
+
+def check_inmemory_fit(
+    state: dict[str, Any], *, records: int, shuffles_done: int, batch_size: int, drop_last: bool
+) -> None:
+    """Checks that ``state`` can be loaded into a dataset holding ``records``
+    records, shuffled ``shuffles_done`` times since they were loaded.
+
+    Raises:
+        ValueError: the dataset was shuffled already, or holds another number
+            of records, or has another batch size or ``drop_last``.
+    """
+    if shuffles_done:
         raise ValueError(
-            f"load_state_dict(): this dataset was already shuffled {len(ds._history)} times; "
+            f"load_state_dict(): this dataset was already shuffled {shuffles_done} times; "
             "call it right after load_into_memory(), before any shuffle"
         )
-    if store.rows != state["records"]:
+    if records != state["records"]:
         raise ValueError(
             f"load_state_dict(): the state was taken with {state['records']} records in "
-            f"memory before its shuffles, this dataset holds {store.rows}; load the same files"
+            f"memory before its shuffles, this dataset holds {records}; load the same files"
         )
-    here = {"batch_size": ds.batch_size, "drop_last": bool(ds._settings["drop_last"])}
+    here = {"batch_size": batch_size, "drop_last": drop_last}
     for key, value in here.items():
         if state[key] != value:
             raise ValueError(
                 f"load_state_dict(): the state was taken with {key}={state[key]!r}, this "
                 f"dataset has {key}={value!r}; the position is counted in batches"
             )
-    if state["seed"] != ds._settings["seed"]:
-        logger.warning(
-            "load_state_dict(): the state's seed setting %r replaces this dataset's %r",
-            state["seed"],
-            ds._settings["seed"],
-        )
-        ds._settings.apply({"seed": state["seed"]}, where="load_state_dict")
-    threads = ds._settings["thread_num"]
-    for entry in state["shuffles"]:
-        kind = entry[0]
-        if kind == "local":
-            ds._store = shuffle.local_shuffle(
-                ds._require_store("load_state_dict"), int(entry[1]), threads
-            )
-        elif kind == "global":
-            from . import global_shuffle as gs
 
-            seed, world = int(entry[1]), int(entry[2])
-            if gs.distributed_world() != world:
-                raise ValueError(
-                    f"load_state_dict(): the state replays a global shuffle among {world} "
-                    f"workers; this process group has {gs.distributed_world()} ranks (in a PS "
-                    "job, call fleet.worker_group() first, or use fleet.load_persistables("
-                    "dirname, dataset=ds))"
-                )
-            current = ds._require_store("load_state_dict")
-            ds._store = None
-            ds._store, _ = gs.global_shuffle(
-                current,
-                seed,
-                send_batch_size=ds._settings["fleet_send_batch_size"],
-                threads=threads,
-            )
-        elif kind == "slots":
-            current = ds._require_store("load_state_dict")
-            names = {slot.name: i for i, slot in enumerate(ds.schema)}
-            missing = [n for n in entry[2] if n not in names]
-            if missing:
-                raise ValueError(
-                    f"load_state_dict(): the state's slots_shuffle names slots {missing} "
-                    "that this dataset does not declare"
-                )
-            permutation = shuffle.permutation(current.rows, int(entry[1]))
-            ds._store = current.permute_columns(
-                sorted(names[n] for n in entry[2]), permutation
-            )
-        else:
+
+def check_replay(entry: list[Any], schema: SlotSchema) -> None:
+    """Checks that the shuffle ``entry`` of a state can be replayed here.
+
+    Raises:
+        ValueError: an unknown shuffle, a global shuffle among another number of
+            workers, or a slots shuffle of slots this dataset lacks.
+    """
+    kind = entry[0]
+    if kind == "global":
+        world = int(entry[2])
+        if collectives.distributed_world() != world:
             raise ValueError(
-                f"load_state_dict(): unknown shuffle {entry!r} in the state"
+                f"load_state_dict(): the state replays a global shuffle among {world} "
+                f"workers; this process group has {collectives.distributed_world()} ranks "
+                "(in a PS job, call fleet.worker_group() first, or use "
+                "fleet.load_persistables(dirname, dataset=ds))"
             )
-    ds._history = [tuple(entry) for entry in state["shuffles"]]
-    ds._records_before_shuffles = int(state["records"])
-    ds._shuffles = int(state["shuffle_counter"])
-    ds.last_shuffle_seed = state["last_shuffle_seed"]
-    ds._epoch = int(state["epoch"])
-    ds._batches = int(state["batches_consumed"])
-    ds._epoch_started = bool(state["epoch_started"])
-    ds._resume_batches = ds._batches if ds._epoch_started and ds._batches else None
-    logger.info(
-        "load_state_dict: replayed %d shuffles; epoch %d, %d batches consumed",
-        len(state["shuffles"]),
-        ds._epoch,
-        ds._batches,
-    )
+    elif kind == "slots":
+        names = {slot.name for slot in schema}
+        missing = [n for n in entry[2] if n not in names]
+        if missing:
+            raise ValueError(
+                f"load_state_dict(): the state's slots_shuffle names slots {missing} "
+                "that this dataset does not declare"
+            )
+    elif kind != "local":
+        raise ValueError(f"load_state_dict(): unknown shuffle {entry!r} in the state")
+
+
+def replay_shuffle(
+    store: RecordStore,
+    entry: list[Any],
+    *,
+    threads: int,
+    send_batch_size: int,
+) -> RecordStore:
+    """The records of ``store`` in the order the shuffle ``entry`` gave them
+    (checked by ``check_replay``). A global shuffle consumes ``store``'s chunks as
+    it sends them; every worker must replay it together."""
+    kind, seed = entry[0], int(entry[1])
+    if kind == "local":
+        return shuffle.local_shuffle(store, seed, threads)
+    if kind == "global":
+        shuffled, _ = global_shuffle.global_shuffle(
+            store, seed, send_batch_size=send_batch_size, threads=threads
+        )
+        return shuffled
+    names = {slot.name: i for i, slot in enumerate(store.schema)}
+    permutation = shuffle.permutation(store.rows, seed)
+    return store.permute_columns(sorted(names[n] for n in entry[2]), permutation)
+
+
+def restored_history(state: dict[str, Any]) -> ShuffleHistory:
+    """The shuffle history of a checked ``InMemoryDataset`` state."""
+    history = ShuffleHistory()
+    history.entries = [tuple(entry) for entry in state["shuffles"]]
+    history.records_before = int(state["records"])
+    history.counter = int(state["shuffle_counter"])
+    history.last_seed = state["last_shuffle_seed"]
+    return history
+
+
+def restored_position(state: dict[str, Any]) -> Position:
+    """The position of a checked ``InMemoryDataset`` state: the next pass skips
+    the batches consumed when the state was taken mid-epoch."""
+    position = Position()
+    position.epoch = int(state["epoch"])
+    position.batches = int(state["batches_consumed"])
+    position.started = bool(state["epoch_started"])
+    position.resume_batches = position.batches if position.started and position.batches else None
+    return position
+
+
+# -- QueueDataset ----------------------------------------------------------------------
+
+
+def queue_state(
+    position: QueuePosition, *, filelist: list[str], batch_size: int, drop_last: bool
+) -> dict[str, Any]:
+    """``QueueDataset.state_dict()``: plain ints, strings and lists."""
+    return {
+        "version": QUEUE_VERSION,
+        "kind": "QueueDataset",
+        "epoch": position.epoch,
+        "batches_consumed": position.batches,
+        "batch_size": batch_size,
+        "drop_last": drop_last,
+        "filelist": list(filelist),
+        "tasks": [list(t) for t in position.tasks],
+        "delivered": list(position.delivered),
+    }
+
+
+def restored_queue_position(
+    state: Any, *, filelist: list[str], batch_size: int, drop_last: bool
+) -> QueuePosition:
+    """The position of a ``QueueDataset.state_dict()`` taken over ``filelist``
+    with ``batch_size`` and ``drop_last``.
+
+    Raises:
+        ValueError: not a QueueDataset state of this version, or taken with
+            another file list, batch size or ``drop_last``.
+    """
+    if not isinstance(state, dict) or state.get("kind") != "QueueDataset":
+        raise ValueError(
+            "QueueDataset.load_state_dict() takes a QueueDataset.state_dict(), got "
+            f"{type(state).__name__} {str(state)[:80]!r}"
+        )
+    if state.get("version") != QUEUE_VERSION:
+        raise ValueError(
+            f"QueueDataset.load_state_dict(): state version {state.get('version')!r}, "
+            f"expected {QUEUE_VERSION}"
+        )
+    here = {"filelist": list(filelist), "batch_size": batch_size, "drop_last": drop_last}
+    for key, value in here.items():
+        if state[key] != value:
+            raise ValueError(
+                f"QueueDataset.load_state_dict(): the state was taken with {key}="
+                f"{state[key]!r}, this dataset has {key}={value!r}"
+            )
+    position = QueuePosition()
+    position.epoch = int(state["epoch"])
+    position.batches = int(state["batches_consumed"])
+    position.tasks = [list(t) for t in state["tasks"]]
+    position.delivered = [int(n) for n in state["delivered"]]
+    # Resumes only a pass that had handed records out: its plan must recur.
+    position.resume_tasks = position.tasks if any(position.delivered) else None
+    return position

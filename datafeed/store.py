@@ -7,7 +7,6 @@ timing. A shuffle gathers every column into one new contiguous chunk.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -40,33 +39,6 @@ class RecordStore:
 
     def clear(self) -> None:
         self.chunks = []
-
-    def batch_pieces(
-        self, batch_size: int, drop_last: bool, start_row: int = 0
-    ) -> Iterator[list[tuple[RecordChunk, int, int]]]:
-        """Row ranges making up each batch, from ``start_row`` on, in store order.
-
-        A batch is usually one piece (a view of one chunk); a batch that straddles
-        a chunk boundary has several pieces.
-        """
-        pieces: list[tuple[RecordChunk, int, int]] = []
-        wanted = batch_size
-        skip = start_row
-        for chunk in self.chunks:
-            if skip >= chunk.rows:
-                skip -= chunk.rows
-                continue
-            row, skip = skip, 0
-            while row < chunk.rows:
-                take = min(wanted, chunk.rows - row)
-                pieces.append((chunk, row, row + take))
-                row += take
-                wanted -= take
-                if wanted == 0:
-                    yield pieces
-                    pieces, wanted = [], batch_size
-        if pieces and not drop_last:
-            yield pieces
 
     def _sources(self, permutation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each output row ``i``: the chunk and the row in it that

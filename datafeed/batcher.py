@@ -1,0 +1,97 @@
+"""The batching stage of both dataset kinds: row ranges of record chunks in,
+``Batch`` objects of ``batch_size`` records out.
+
+``InMemoryDataset`` feeds it the chunks of its store, ``QueueDataset`` the
+chunks its readers stream. A batch is usually a view of one chunk; one that
+straddles a chunk boundary is copied together from several pieces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple, Protocol
+
+from .batch import Batch, BatchBuilder, concat_rows
+from .columns import RecordChunk
+from .slots import SlotSchema
+
+
+class Piece(NamedTuple):
+    """Rows ``start:stop`` of ``chunk``; ``source`` tags where the chunk came from
+    (a QueueDataset's reader task, for its position; 0 otherwise)."""
+
+    chunk: RecordChunk
+    start: int
+    stop: int
+    source: int = 0
+
+
+class Counter(Protocol):
+    """What the batcher counts the batches it hands out into (datafeed/position.py)."""
+
+    batches: int
+
+    def count(self, pieces: list[Piece]) -> None:
+        """One batch made of ``pieces`` is handed out."""
+
+
+def chunk_ranges(chunks: Iterable[RecordChunk], skip_rows: int = 0) -> Iterator[Piece]:
+    """Every row of ``chunks`` in order, as one piece per chunk, after the first
+    ``skip_rows`` rows."""
+    for chunk in chunks:
+        if skip_rows >= chunk.rows:
+            skip_rows -= chunk.rows
+            continue
+        yield Piece(chunk, skip_rows, chunk.rows)
+        skip_rows = 0
+
+
+class Batcher:
+    """Cuts row ranges into batches of ``batch_size`` records of one schema.
+
+    Args:
+        schema: the slots.
+        batch_size: records per batch.
+        drop_last: whether a short last batch is left out.
+    """
+
+    def __init__(self, schema: SlotSchema, batch_size: int, drop_last: bool) -> None:
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._builder = BatchBuilder(schema)
+
+    def group(self, ranges: Iterable[Piece]) -> Iterator[list[Piece]]:
+        """The pieces making up each batch, in the order of ``ranges``."""
+        size = self.batch_size
+        pieces: list[Piece] = []
+        wanted = size
+        for chunk, row, stop, source in ranges:
+            while row < stop:
+                take = min(wanted, stop - row)
+                pieces.append(Piece(chunk, row, row + take, source))
+                row += take
+                wanted -= take
+                if wanted == 0:
+                    yield pieces
+                    pieces, wanted = [], size
+        if pieces and not self.drop_last:
+            yield pieces
+
+    def build(self, pieces: list[Piece]) -> Batch:
+        """The batch of ``pieces``: a view of one chunk, or the pieces copied together."""
+        if len(pieces) == 1:
+            chunk, start, stop, _ = pieces[0]
+            return self._builder.from_chunk(chunk, start, stop)
+        rows = [(chunk, start, stop) for chunk, start, stop, _ in pieces]
+        return self._builder.from_chunk(concat_rows(rows), 0, sum(b - a for _, a, b in rows))
+
+    def batches(
+        self, ranges: Iterable[Piece], counter: Counter, limit: int | None = None
+    ) -> Iterator[Batch]:
+        """The batches of ``ranges``, each counted into ``counter`` before it is
+        yielded; with ``limit``, none once ``counter.batches`` reaches it."""
+        for pieces in self.group(ranges):
+            if limit is not None and counter.batches >= limit:
+                break
+            counter.count(pieces)
+            yield self.build(pieces)
