@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import fleet
-from .errors import RoleError, ServerUnavailableError, TrainerError, WorkerFailedError
+from .job.errors import RoleError, ServerUnavailableError, TrainerError, WorkerFailedError
+from .job.role import ClusterRole, Role
+from .job.strategy import DistributedStrategy
 from .metrics import StreamingAUC, auc
-from .role import ClusterRole, Role
 from .role_maker import PaddleCloudRoleMaker, RoleMakerBase, UserDefinedRoleMaker
-from .strategy import DistributedStrategy
 
 if TYPE_CHECKING:
     from .executor import Executor, RunSummary

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import bind
-from .errors import WorkerFailedError
+from .job import bind
+from .job.errors import WorkerFailedError
 
 __all__ = [
     "ColumnParallelLinear",

@@ -1,38 +1,9 @@
-"""Exceptions raised by the trainer: each is also a builtin exception.
-
-Messages say what was expected, what was found, and where (variable, endpoint, rank).
-"""
+"""Exceptions raised by the trainer (defined in ``trainer.job.errors``, below the
+parameter-server package that raises them too); ``from trainer.errors import ...``
+keeps working."""
 
 from __future__ import annotations
 
+from .job.errors import RoleError, ServerUnavailableError, TrainerError, WorkerFailedError
 
-class TrainerError(Exception):
-    """Base class of every error raised by ``trainer``."""
-
-
-class RoleError(TrainerError, ValueError):
-    """The job's role environment (or a role maker's arguments) is missing or malformed."""
-
-
-class ServerUnavailableError(TrainerError, RuntimeError):
-    """A parameter server could not be reached, or stopped answering.
-
-    Attributes:
-        endpoint: the server's ``host:port``.
-    """
-
-    def __init__(self, message: str, *, endpoint: str) -> None:
-        super().__init__(message)
-        self.endpoint = endpoint
-
-
-class WorkerFailedError(TrainerError, RuntimeError):
-    """A peer worker failed or stopped answering during a collective step.
-
-    Attributes:
-        rank: the rank of the worker that failed, when known.
-    """
-
-    def __init__(self, message: str, *, rank: int | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
+__all__ = ["RoleError", "ServerUnavailableError", "TrainerError", "WorkerFailedError"]

@@ -31,6 +31,8 @@ import torch
 
 from datafeed.memory import release_free_memory
 
+from . import fleet
+
 __all__ = ["Executor", "RunSummary"]
 
 logger = logging.getLogger("trainer.executor")
@@ -135,9 +137,7 @@ class Executor:
             Exception: whatever a worker thread raised, with its traceback.
         """
         if optimizer is None:
-            from .fleet import _FLEET
-
-            optimizer = _FLEET.optimizer
+            optimizer = fleet.current().optimizer
             if optimizer is None:
                 raise ValueError(
                     "train_from_dataset needs an optimizer: pass optimizer=..., or "
@@ -443,7 +443,10 @@ def _input_stats(dataset: Any) -> Any:
 
 def _log_summary(what: str, summary: RunSummary) -> None:
     """One INFO line: what the pass delivered and what its input held."""
-    line = f"{what}: {summary.batches} batches, {summary.records} records in {summary.seconds:.2f} s"
+    line = (
+        f"{what}: {summary.batches} batches, {summary.records} records "
+        f"in {summary.seconds:.2f} s"
+    )
     stats = summary.input
     if stats is not None and hasattr(stats, "per_file"):
         line += (
@@ -451,7 +454,8 @@ def _log_summary(what: str, summary: RunSummary) -> None:
             f"+ {stats.skipped_lines} skipped lines"
         )
         if stats.skipped_reasons:
-            line += " (" + ", ".join(f"{r} {n}" for r, n in sorted(stats.skipped_reasons.items())) + ")"
+            reasons = sorted(stats.skipped_reasons.items())
+            line += " (" + ", ".join(f"{r} {n}" for r, n in reasons) + ")"
     logger.info(line)
 
 
@@ -558,8 +562,7 @@ def _join_context(model: Any) -> Any:
         return None
     if isinstance(model, ddp):
         return model.join()
-    from .fleet import _FLEET
-
-    if isinstance(_FLEET.model, ddp):
-        return _FLEET.model.join()
+    fleet_model = fleet.current().model
+    if isinstance(fleet_model, ddp):
+        return fleet_model.join()
     return None

@@ -24,15 +24,16 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import TrainerError
-from .role import ClusterRole
+from .job.errors import TrainerError
+from .job.role import ClusterRole
+from .job.strategy import DistributedStrategy
 from .role_maker import PaddleCloudRoleMaker, RoleMakerBase
-from .strategy import DistributedStrategy
 
 __all__ = [
     "Fleet",
     "UtilBase",
     "barrier_worker",
+    "current",
     "distributed_model",
     "distributed_optimizer",
     "init",
@@ -63,7 +64,7 @@ DATASET_STATE_FILE = "dataset_state.json"
 
 
 class Fleet:
-    """The state behind the module-level functions; one per process (``_FLEET``)."""
+    """The state behind the module-level functions; one per process (``current()``)."""
 
     def __init__(self) -> None:
         self._role_maker: RoleMakerBase | None = None
@@ -135,7 +136,8 @@ class Fleet:
         logger.info("fleet.init: %s", role)
 
     def _shutdown_collective(self, wait_for_peers: bool = False) -> None:
-        collective_job = self._role is not None and self._role.is_collective and self._role.distributed
+        role = self._role
+        collective_job = role is not None and role.is_collective and role.distributed
         if collective_job or self._ps_worker_group:
             from . import collective
 
@@ -302,7 +304,9 @@ class Fleet:
 
             collective.barrier()
 
-    def distributed_optimizer(self, optimizer: Any, strategy: DistributedStrategy | None = None) -> Any:
+    def distributed_optimizer(
+        self, optimizer: Any, strategy: DistributedStrategy | None = None
+    ) -> Any:
         """Wraps ``optimizer`` for the job's mode and returns what to call ``step()`` on.
 
         PS mode: the runtime's optimizer (its ``step()`` pushes sparse and dense
@@ -549,6 +553,14 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
 
 _FLEET = Fleet()
 util = UtilBase(_FLEET)
+
+
+def current() -> Fleet:
+    """This process's ``Fleet``, the object behind the module-level functions: its
+    ``optimizer`` and ``model`` are what ``distributed_optimizer`` and
+    ``distributed_model`` last returned."""
+    return _FLEET
+
 
 init = _FLEET.init
 is_worker = _FLEET.is_worker

@@ -12,15 +12,15 @@ before starting the workers, stops the servers when all workers exit 0 (exit
 status 0), and stops the whole job with a non-zero status as soon as any process
 fails (exits non-zero or is killed), naming it and printing the tail of its log.
 A server that exits 0 is not a failure: its ``run_server()`` returns once every
-worker has called ``stop_worker()``, which can be before the workers have exited. Every child runs in its own
-process group and is stopped (SIGTERM, then SIGKILL) on every path, Ctrl-C
-included, together with anything it started.
+worker has called ``stop_worker()``, which can be before the workers have exited.
+Every child runs in its own process group and is stopped (SIGTERM, then SIGKILL)
+on every path, Ctrl-C included, together with anything it started.
 Each process gets ``OMP_NUM_THREADS=1`` unless the environment sets it (the
 processes share the machine's cores).
 
 Collective mode (``--nproc_per_node``, ``--nnodes``, ...) starts the job through
 ``torch.distributed.run`` (torchrun) with a fixed rendezvous on this machine,
-its store listening on ``--master_addr`` only (``trainer.bind``).
+its store listening on ``--master_addr`` only (``trainer.job.bind``).
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def _run_collective(args: argparse.Namespace) -> int:
     port = args.master_port or _free_port(args.master_addr)
     command = [
         # torch.distributed.run, with its store listening on --master_addr only
-        sys.executable, "-m", "trainer.bind",
+        sys.executable, "-m", "trainer.job.bind",
         f"--nproc_per_node={args.nproc_per_node}",
         f"--nnodes={args.nnodes}",
         f"--node_rank={args.node_rank}",

@@ -9,7 +9,6 @@ by ``fleet.distributed_optimizer`` pushes their gradients on ``step()``.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,35 +17,10 @@ import torch
 from torch import nn
 
 from .ps import sparse
-from .ps._rows import unique_inverse
+from .ps.optim import OptimizerSpec
 from .ps.sparse import DEFAULT_INIT_SCALE, TableConfig
 
 __all__ = ["SparseEmbedding"]
-
-# Per thread: the last ids tensor made distinct, and the result. Tables that
-# take the same input (wide & deep) then share one sort per batch, and one
-# tensor of distinct ids, by which the parameter-server client recognises
-# tables it can pull in one round trip.
-_last_distinct = threading.local()
-
-
-def _distinct(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.unique(ids.reshape(-1), return_inverse=True)``, reused while
-    ``ids`` is the same, unchanged tensor."""
-    last = getattr(_last_distinct, "value", None)
-    if last is not None and last[0] is ids and last[1] == ids._version:
-        return last[2], last[3]
-    flat = ids.reshape(-1)
-    if flat.device.type == "cpu":
-        # A hash pass (first-appearance order; nothing downstream needs the ids
-        # sorted) instead of a sort: ~3x numpy's unique on 13k int64 ids.
-        values, positions = unique_inverse(flat.numpy())
-        unique = torch.from_numpy(values)
-        inverse = torch.from_numpy(positions)
-    else:
-        unique, inverse = torch.unique(flat, return_inverse=True)
-    _last_distinct.value = (ids, ids._version, unique, inverse)
-    return unique, inverse
 
 
 class SparseEmbedding(nn.Module):
@@ -92,10 +66,7 @@ class SparseEmbedding(nn.Module):
             raise ValueError(f"SparseEmbedding name must be a non-empty str, got {name!r}")
         if mode not in ("sum", "mean"):
             raise ValueError(f"SparseEmbedding mode must be 'sum' or 'mean', got {mode!r}")
-        if optimizer is not None:
-            # Fail now, not on the first push.
-            from .ps.optim import OptimizerSpec
-
+        if optimizer is not None:  # fail now, not on the first push
             OptimizerSpec.from_config(optimizer)
         self.dim = dim
         self.name = name
@@ -117,7 +88,7 @@ class SparseEmbedding(nn.Module):
             )
         if ids.dtype == torch.uint64:
             ids = ids.view(torch.int64)
-        unique, inverse = _distinct(ids)
+        unique, inverse = sparse.distinct(ids)
         training = self.training and torch.is_grad_enabled()
         rows = sparse.current_store().pull(self.config, unique, training)
         if training:
@@ -141,7 +112,9 @@ class SparseEmbedding(nn.Module):
         return _pool(rows, inverse, offsets.to(torch.int64), self.mode)
 
 
-def _pool(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
+def _pool(
+    rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, mode: str
+) -> torch.Tensor:
     """Per record, the sum (or mean) of ``rows[inverse[offsets[i]:offsets[i+1]]]``.
 
     What ``F.embedding_bag`` computes, as a gather and a scatter-add, whose

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from .errors import RoleError
-from .role import ClusterRole, Role
+from .job.errors import RoleError
+from .job.role import ClusterRole, Role
 
 __all__ = ["PaddleCloudRoleMaker", "RoleMakerBase", "UserDefinedRoleMaker"]
 

@@ -51,7 +51,8 @@ def staging_dir(dirname: str) -> str:
     """A fresh temporary directory beside ``dirname`` to write a checkpoint into."""
     parent = os.path.dirname(os.path.abspath(dirname))
     os.makedirs(parent, exist_ok=True)
-    path = os.path.join(parent, f".{os.path.basename(os.path.abspath(dirname))}.tmp-{uuid.uuid4().hex[:8]}")
+    name = os.path.basename(os.path.abspath(dirname))
+    path = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
     os.makedirs(path)
     return path
 

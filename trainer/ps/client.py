@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from . import server as handlers
-from . import sparse
 from .sparse import TableConfig
 from .table import SparseTable, as_u64, shard_of
 from .transport import ServerSet
@@ -114,6 +113,7 @@ def shard_sparse(
 
 
 def shard_dense(values: dict[int, torch.Tensor], server_num: int) -> list[dict[int, torch.Tensor]]:
+    """Per server: the dense values it owns (parameter ``i`` lives on server ``i % n``)."""
     out: list[dict[int, torch.Tensor]] = [{} for _ in range(server_num)]
     for i, value in values.items():
         out[i % server_num][i] = value
@@ -161,7 +161,9 @@ class GeoStore:
     servers and creates nothing.
     """
 
-    def __init__(self, servers: ServerSet, make_table: Callable[[TableConfig], SparseTable]) -> None:
+    def __init__(
+        self, servers: ServerSet, make_table: Callable[[TableConfig], SparseTable]
+    ) -> None:
         self.servers = servers
         self.remote = RemoteStore(servers)
         self._make_table = make_table
@@ -329,8 +331,16 @@ def dense_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def dense_grads(params: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """The gradients of ``params`` that have one, by index."""
     return {i: p.grad.detach() for i, p in enumerate(params) if p.grad is not None}
 
 
-def take_sparse() -> dict[str, tuple[np.ndarray, torch.Tensor]]:
-    return sparse.take_gradients()
+
+def copy_dense(
+    params: Sequence[torch.Tensor], per_server: Sequence[dict[int, torch.Tensor]]
+) -> None:
+    """Copies the dense values the servers sent (each server's, by index) into ``params``."""
+    with torch.no_grad():
+        for values in per_server:
+            for i, value in values.items():
+                params[i].copy_(value)

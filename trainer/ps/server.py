@@ -166,9 +166,14 @@ class ParameterServer:
         for *_, future in ready:
             future.set_result(values)
 
-    def geo_push(self, sparse: SparsePart, dense: DensePart) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+    def geo_push(
+        self, sparse: SparsePart, dense: DensePart
+    ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
         scale = 1.0 / max(1, self.worker_num)
-        rows = {name: self.table(name).add(ids, deltas * scale) for name, (ids, deltas) in sparse.items()}
+        rows = {
+            name: self.table(name).add(ids, deltas * scale)
+            for name, (ids, deltas) in sparse.items()
+        }
         self.add_dense(dense, scale)
         return rows, self.dense_values()
 
@@ -205,12 +210,15 @@ class ParameterServer:
 
     def save(self, dirname: str) -> None:
         for name, table in self.tables.items():
-            checkpoint.save_file(table.state_dict(), checkpoint.sparse_file(dirname, name, self.index))
+            path = checkpoint.sparse_file(dirname, name, self.index)
+            checkpoint.save_file(table.state_dict(), path)
         with self._dense_lock:
             state = {
                 "indices": torch.tensor(self.owned, dtype=torch.int64),
                 "params": [self.dense[i].detach().clone() for i in self.owned],
-                "optimizer": None if self.dense_optimizer is None else self.dense_optimizer.state_dict(),
+                "optimizer": (
+                    None if self.dense_optimizer is None else self.dense_optimizer.state_dict()
+                ),
             }
         checkpoint.save_file(state, checkpoint.dense_file(dirname, self.index))
 
@@ -233,7 +241,9 @@ class ParameterServer:
                     try:
                         self.dense_optimizer.load_state_dict(states[self.index])
                     except (ValueError, KeyError) as err:
-                        log.warning("server %d: dense optimizer state not restored: %s", self.index, err)
+                        log.warning(
+                            "server %d: dense optimizer state not restored: %s", self.index, err
+                        )
         log.info("server %d loaded %s", self.index, dirname)
 
 
@@ -259,11 +269,6 @@ def describe(secret: str | None) -> dict[str, Any]:
     return _current().describe()
 
 
-def pull_sparse(secret: str | None, name: str, ids: torch.Tensor, create: bool) -> torch.Tensor:
-    check_secret(secret)
-    return _current().table(name).pull(ids, create=create)
-
-
 def pull_tables(
     secret: str | None, names: Sequence[str], ids: torch.Tensor, create: bool
 ) -> list[torch.Tensor]:
@@ -278,7 +283,9 @@ def pull_dense(secret: str | None) -> dict[int, torch.Tensor]:
     return _current().dense_values()
 
 
-def push(secret: str | None, worker: int, sparse: SparsePart, dense: DensePart) -> dict[int, torch.Tensor]:
+def push(
+    secret: str | None, worker: int, sparse: SparsePart, dense: DensePart
+) -> dict[int, torch.Tensor]:
     check_secret(secret)
     return _current().push(sparse, dense)
 

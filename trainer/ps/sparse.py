@@ -1,9 +1,12 @@
 """Where ``SparseEmbedding`` rows come from, and where their gradients go.
 
-Three pieces, shared by the local mode and the parameter-server runtime:
+Four pieces, shared by the local mode and the parameter-server runtime:
 
 * the registry of live ``SparseEmbedding`` modules by table name: how a runtime
-  learns each table's dim and settings from the model the script built;
+  learns each table's dim and settings from the model the script built
+  (``table_configs``, ``model_tables``), without importing ``trainer.nn``;
+* the distinct ids of a forward's input (``distinct``), shared by the tables
+  that take the same input;
 * the row store a forward pulls from: ``LocalStore`` (in-process tables) unless
   a runtime installed another one (``install_store``);
 * the pending pulls of this thread: each training forward records the unique ids
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from ._rows import unique_inverse
 from .optim import OptimizerSpec
 from .table import SparseTable, as_u64
 
@@ -54,9 +58,11 @@ class TableConfig:
         return OptimizerSpec("sgd", {"lr": 0.01})
 
     def make_table(self, default: OptimizerSpec | None) -> SparseTable:
+        """An empty table with these settings (``default``: see ``spec``)."""
         return SparseTable(self.name, self.dim, self.spec(default), self.seed, self.init_scale)
 
     def as_dict(self) -> dict[str, Any]:
+        """The settings as plain JSON values (a checkpoint's ``meta.json``)."""
         return {
             "name": self.name,
             "dim": self.dim,
@@ -71,6 +77,7 @@ class TableConfig:
 _registry_lock = threading.Lock()
 _modules: dict[str, weakref.WeakSet] = {}
 _configs: dict[str, TableConfig] = {}
+_module_configs: weakref.WeakKeyDictionary[Any, TableConfig] = weakref.WeakKeyDictionary()
 
 
 def register(module: Any, config: TableConfig) -> None:
@@ -92,6 +99,7 @@ def register(module: Any, config: TableConfig) -> None:
             )
         _modules.setdefault(config.name, weakref.WeakSet()).add(module)
         _configs[config.name] = config
+        _module_configs[module] = config
 
 
 def table_configs() -> dict[str, TableConfig]:
@@ -102,10 +110,46 @@ def table_configs() -> dict[str, TableConfig]:
         }
 
 
+def model_tables(model: torch.nn.Module) -> dict[str, TableConfig]:
+    """Configs of the tables of ``model``'s own SparseEmbedding modules, by name."""
+    with _registry_lock:
+        found = (_module_configs.get(module) for module in model.modules())
+        return {config.name: config for config in found if config is not None}
+
+
+# -- distinct ids (per thread) -----------------------------------------------
+
+# The last ids tensor made distinct, and the result. Tables that take the same
+# input (wide & deep) then share one pass per batch, and one tensor of distinct
+# ids, by which ``RemoteStore`` recognises tables it can pull in one round trip.
+_last_distinct = threading.local()
+
+
+def distinct(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(ids.reshape(-1), return_inverse=True)`` (not sorted on CPU),
+    reused while ``ids`` is the same, unchanged tensor."""
+    last = getattr(_last_distinct, "value", None)
+    if last is not None and last[0] is ids and last[1] == ids._version:
+        return last[2], last[3]
+    flat = ids.reshape(-1)
+    if flat.device.type == "cpu":
+        # A hash pass (first-appearance order; nothing downstream needs the ids
+        # sorted) instead of a sort: ~3x numpy's unique on 13k int64 ids.
+        values, positions = unique_inverse(flat.numpy())
+        unique = torch.from_numpy(values)
+        inverse = torch.from_numpy(positions)
+    else:
+        unique, inverse = torch.unique(flat, return_inverse=True)
+    _last_distinct.value = (ids, ids._version, unique, inverse)
+    return unique, inverse
+
+
 # -- stores -----------------------------------------------------------------
 
 
 class RowStore(Protocol):
+    """Where a forward's rows come from: ``LocalStore``, ``RemoteStore``, ``GeoStore``."""
+
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
         """Rows [len(ids), dim] of distinct int64 ``ids``."""
         ...
@@ -120,6 +164,7 @@ class LocalStore:
         self.default_optimizer: OptimizerSpec | None = None
 
     def table(self, config: TableConfig) -> SparseTable:
+        """The table of ``config``, created (empty) on first use."""
         with self._lock:
             table = self.tables.get(config.name)
             # A table left by a module that no longer exists, with other settings.
@@ -142,13 +187,16 @@ class LocalStore:
                     table.set_optimizer(spec)
 
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
+        """Rows of distinct ``ids``, created when ``training``."""
         return self.table(config).pull(ids, create=training)
 
     def push(self, gradients: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
+        """Applies each table's optimizer to its rows' gradients."""
         for name, (ids, grads) in gradients.items():
             self.tables[name].push(ids, grads)
 
     def clear(self) -> None:
+        """Drops every table (tests; a fresh model)."""
         with self._lock:
             self.tables.clear()
 
@@ -169,6 +217,7 @@ def install_store(store: RowStore | None) -> None:
 
 
 def current_store() -> RowStore:
+    """The store every SparseEmbedding pulls from now."""
     return _store
 
 
@@ -198,6 +247,7 @@ def record(name: str, ids: torch.Tensor, rows: torch.Tensor) -> None:
 
 
 def clear_pending() -> None:
+    """Forgets this thread's pending pulls."""
     _pending.items = []
 
 

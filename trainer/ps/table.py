@@ -198,7 +198,8 @@ class SparseTable:
             if kind == "sgd":
                 sgd_rows(self._weights, rows, grad, lr, decay)
             else:
-                adagrad_rows(self._weights, self._state["sum"], rows, grad, lr, float(hyper["eps"]), decay)
+                eps = float(hyper["eps"])
+                adagrad_rows(self._weights, self._state["sum"], rows, grad, lr, eps, decay)
             return
         weights = self._weights[rows]
         state = {key: array[rows] for key, array in self._state.items()}
@@ -206,11 +207,6 @@ class SparseTable:
         self._weights[rows] = weights
         for key, value in state.items():
             self._state[key][rows] = value
-
-    def present(self, ids: np.ndarray | torch.Tensor) -> np.ndarray:
-        """Whether each id has a row."""
-        with self._lock:
-            return self._index.lookup(as_u64(ids)) >= 0
 
     def pull(self, ids: np.ndarray | torch.Tensor, create: bool = True) -> torch.Tensor:
         """The rows of distinct ``ids`` as a new float32 tensor [len(ids), dim].
@@ -244,14 +240,6 @@ class SparseTable:
             self._weights[rows] += delta
             out = self._weights[rows]
         return torch.from_numpy(out)
-
-    def assign(self, ids: np.ndarray | torch.Tensor, values: torch.Tensor) -> None:
-        """Overwrites the rows of distinct ``ids`` (optimizer state unchanged)."""
-        ids = as_u64(ids)
-        value = _as_f32(values, ids.shape[0], self.dim, self.name)
-        with self._lock:
-            rows = self._rows_for(ids, create=True)
-            self._weights[rows] = value
 
     # -- persistence --------------------------------------------------------
 

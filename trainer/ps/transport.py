@@ -29,8 +29,8 @@ from typing import Any
 
 from torch.distributed import rpc
 
-from .. import bind
-from ..errors import ServerUnavailableError, TrainerError
+from ..job import bind
+from ..job.errors import ServerUnavailableError, TrainerError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ DEFAULT_START_TIMEOUT = 300.0
 
 
 def call_timeout() -> float:
+    """Seconds a worker waits for one server call (``FLEETFEED_PS_TIMEOUT``)."""
     value = os.environ.get("FLEETFEED_PS_TIMEOUT")
     if value is None:
         return DEFAULT_CALL_TIMEOUT
@@ -52,6 +53,18 @@ def call_timeout() -> float:
     if not seconds > 0:
         raise TrainerError(f"FLEETFEED_PS_TIMEOUT must be a number of seconds > 0, got {value!r}")
     return seconds
+
+
+def start_timeout() -> float:
+    """Seconds to wait for the whole job: to join or leave the RPC group, for a
+    synchronous step's slowest worker, at a barrier (``FLEETFEED_PS_START_TIMEOUT``)."""
+    value = os.environ.get("FLEETFEED_PS_START_TIMEOUT")
+    try:
+        return float(value) if value else DEFAULT_START_TIMEOUT
+    except ValueError:
+        raise TrainerError(
+            f"FLEETFEED_PS_START_TIMEOUT must be a number of seconds, got {value!r}"
+        ) from None
 
 
 def server_name(index: int) -> str:
@@ -250,7 +263,9 @@ class ServerSet:
                 raise
             raise self.unavailable(index, what, err) from err
 
-    def call(self, index: int, func: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+    def call(
+        self, index: int, func: Callable[..., Any], *args: Any, timeout: float | None = None
+    ) -> Any:
         return self.wait(index, self.call_async(index, func, *args, timeout=timeout), func.__name__)
 
     def call_all(

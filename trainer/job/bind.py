@@ -10,7 +10,7 @@ store's listening socket is bound first, to the address of the endpoint's host
 - the ``fleetfeed-tcp://host:port`` rendezvous (registered on import): the
   collective process group (``trainer.collective``) and the parameter
   server's RPC group (``trainer.ps.transport``);
-- ``python -m trainer.bind ...`` (what ``fleetrun --nproc_per_node`` runs):
+- ``python -m trainer.job.bind ...`` (what ``fleetrun --nproc_per_node`` runs):
   ``torch.distributed.run`` with its agent's store bound the same way.
 
 Under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) every rank is a client of the
@@ -48,7 +48,8 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     except OSError as error:
         sock.close()
         raise OSError(
-            error.errno, f"cannot listen on {host}:{port} for the job's rendezvous: {error.strerror}"
+            error.errno,
+            f"cannot listen on {host}:{port} for the job's rendezvous: {error.strerror}",
         ) from error
     return sock
 
@@ -73,7 +74,9 @@ def bound_store(
     )
 
 
-def _handler(url: str, timeout: datetime.timedelta = _DEFAULT_TIMEOUT, **_kwargs: Any) -> Iterator[Any]:
+def _handler(
+    url: str, timeout: datetime.timedelta = _DEFAULT_TIMEOUT, **_kwargs: Any
+) -> Iterator[Any]:
     """``fleetfeed-tcp://host:port?rank=R&world_size=N``: torch's ``tcp://``,
     with the store's server bound to ``host``."""
     parsed = urlparse(url)
@@ -84,7 +87,8 @@ def _handler(url: str, timeout: datetime.timedelta = _DEFAULT_TIMEOUT, **_kwargs
         raise ValueError(f"{SCHEME}:// rendezvous needs a rank and a world size, got {url!r}")
     rank, world_size = int(query["rank"]), int(query["world_size"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = bound_store(parsed.hostname, parsed.port, world_size, rank == 0 and not agent_store, timeout)
+    is_master = rank == 0 and not agent_store
+    store = bound_store(parsed.hostname, parsed.port, world_size, is_master, timeout)
     yield (store, rank, world_size)
     raise RuntimeError(f"Unable to perform re-rendezvous using {SCHEME}:// method")
 

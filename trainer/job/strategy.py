@@ -1,0 +1,213 @@
+"""``DistributedStrategy``: how a fleet job trains (sync, async or GEO parameter server).
+
+It keeps Paddle's attribute names and defaults (reference §5.2): ``a_sync`` is
+True by default and setting it resets ``a_sync_configs["k_steps"]`` to 0;
+``a_sync_configs`` takes the keys of Paddle's ``AsyncConfig``. Unlike Paddle, an
+unknown key is a ``KeyError`` that lists the known ones (Paddle asserts), and an
+untouched ``k_steps`` (-1, where Paddle's parameter-server optimizer silently does
+not apply) reads as 0, so the default strategy means async.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import TrainerError
+
+__all__ = ["MODES", "DistributedStrategy", "parameter_server_mode"]
+
+# The parameter-server modes, as ``DistributedStrategy.mode`` names them.
+MODES = ("async", "sync", "geo")
+# Paddle's AsyncConfig (distributed_strategy.proto) with its defaults.
+_A_SYNC_DEFAULTS: dict[str, Any] = {
+    "k_steps": -1,
+    "max_merge_var_num": 1,
+    "send_queue_size": 16,
+    "independent_recv_thread": False,
+    "min_send_grad_num_before_recv": 1,
+    "thread_pool_size": 1,
+    "send_wait_times": 1,
+    "runtime_split_send_recv": False,
+    "launch_barrier": True,
+}
+
+_ATTRIBUTES = ("a_sync", "a_sync_configs", "find_unused_parameters")
+
+
+class DistributedStrategy:
+    """Training options of a fleet job.
+
+    Attributes:
+        a_sync: False for synchronous parameter-server training (every worker's
+            step applied together), True for asynchronous or GEO. Setting it
+            resets ``a_sync_configs["k_steps"]`` to 0, as Paddle does.
+        a_sync_configs: Paddle's ``AsyncConfig`` as a dict. Assigning a dict
+            updates only the keys it holds; ``k_steps > 0`` with ``a_sync=True``
+            selects GEO (workers train locally and push deltas every k steps).
+        find_unused_parameters: passed to ``DistributedDataParallel`` in
+            collective mode (Paddle's attribute of the same name).
+
+    Raises:
+        TypeError: on setting an attribute the strategy does not have (Paddle's
+            behaviour), or a value of the wrong type.
+        KeyError: on an unknown ``a_sync_configs`` key.
+    """
+
+    _a_sync: bool
+    _a_sync_configs: dict[str, Any]
+    _find_unused_parameters: bool
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_a_sync", True)
+        object.__setattr__(self, "_a_sync_configs", dict(_A_SYNC_DEFAULTS))
+        object.__setattr__(self, "_find_unused_parameters", False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _ATTRIBUTES:
+            raise TypeError(
+                f"{name} is not an attribute of DistributedStrategy; "
+                f"fleetfeed supports {', '.join(_ATTRIBUTES)}"
+            )
+        object.__setattr__(self, name, value)
+
+    # -- a_sync --------------------------------------------------------------------
+
+    @property
+    def a_sync(self) -> bool:
+        """True (the default): asynchronous training, or GEO when ``k_steps > 0``;
+        False: synchronous."""
+        return self._a_sync
+
+    @a_sync.setter
+    def a_sync(self, flag: bool) -> None:
+        if not isinstance(flag, bool):
+            raise TypeError(
+                f"DistributedStrategy.a_sync must be a bool, got {flag!r} "
+                f"({type(flag).__name__})"
+            )
+        object.__setattr__(self, "_a_sync", flag)
+        self._a_sync_configs["k_steps"] = 0  # Paddle's setter does the same
+
+    @property
+    def a_sync_configs(self) -> dict[str, Any]:
+        """A copy of the current configuration (assign a dict to change it)."""
+        return dict(self._a_sync_configs)
+
+    @a_sync_configs.setter
+    def a_sync_configs(self, configs: dict[str, Any]) -> None:
+        if not isinstance(configs, dict):
+            raise TypeError(
+                f"DistributedStrategy.a_sync_configs must be a dict, got "
+                f"{type(configs).__name__}"
+            )
+        for key, value in configs.items():
+            if key not in _A_SYNC_DEFAULTS:
+                raise KeyError(
+                    f"{key!r} is not a key of a_sync_configs; the keys are "
+                    f"{', '.join(sorted(_A_SYNC_DEFAULTS))}"
+                )
+            expected = type(_A_SYNC_DEFAULTS[key])
+            if type(value) is not expected:
+                raise TypeError(
+                    f"a_sync_configs[{key!r}] must be {expected.__name__}, got "
+                    f"{value!r} ({type(value).__name__})"
+                )
+            if key == "k_steps" and value < -1:
+                raise ValueError(
+                    f"a_sync_configs['k_steps'] must be >= 0 (or -1, unset), got {value}"
+                )
+        self._a_sync_configs.update(configs)
+
+    # -- find_unused_parameters ----------------------------------------------------
+
+    @property
+    def find_unused_parameters(self) -> bool:
+        """Collective mode: ``DistributedDataParallel``'s option for models whose
+        forward may leave some parameters unused."""
+        return self._find_unused_parameters
+
+    @find_unused_parameters.setter
+    def find_unused_parameters(self, flag: bool) -> None:
+        if not isinstance(flag, bool):
+            raise TypeError(
+                f"DistributedStrategy.find_unused_parameters must be a bool, "
+                f"got {flag!r}"
+            )
+        object.__setattr__(self, "_find_unused_parameters", flag)
+
+    # -- derived -------------------------------------------------------------------
+
+    @property
+    def k_steps(self) -> int:
+        """``a_sync_configs["k_steps"]``, with the untouched default -1 read as 0."""
+        return max(self._a_sync_configs["k_steps"], 0)
+
+    @property
+    def mode(self) -> str:
+        """The parameter-server mode: ``"sync"``, ``"async"`` or ``"geo"``.
+
+        Paddle's rule: ``a_sync=False, k_steps=0`` is sync; ``a_sync=True,
+        k_steps=0`` async; ``a_sync=True, k_steps>0`` GEO.
+
+        Raises:
+            ValueError: for ``a_sync=False`` with ``k_steps > 0`` (Paddle raises
+                too: GEO is asynchronous by definition).
+        """
+        k_steps = self.k_steps
+        if not self._a_sync and k_steps > 0:
+            raise ValueError(
+                f"a_sync=False (sync) cannot be combined with a_sync_configs"
+                f"['k_steps']={k_steps} (GEO); set a_sync=True for GEO or k_steps=0 "
+                f"for sync"
+            )
+        return _paddle_mode(self._a_sync, k_steps)
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedStrategy(a_sync={self._a_sync}, "
+            f"a_sync_configs={self._a_sync_configs}, "
+            f"find_unused_parameters={self._find_unused_parameters})"
+        )
+
+
+def _paddle_mode(a_sync: bool, k_steps: int) -> str:
+    """Paddle's rule from ``a_sync`` and ``k_steps`` (see ``DistributedStrategy.mode``)."""
+    if not a_sync:
+        return "sync"
+    return "geo" if k_steps > 0 else "async"
+
+
+def parameter_server_mode(strategy: Any) -> tuple[str, int]:
+    """The mode and the GEO period a parameter-server runtime trains with.
+
+    Args:
+        strategy: a ``DistributedStrategy`` (its ``mode``); None (async); or any
+            object with Paddle's attributes: ``mode`` (or, without it, ``a_sync``,
+            read with Paddle's rule) and ``a_sync_configs`` (a dict, read for
+            ``k_steps``; missing or unreadable counts as 0).
+
+    Returns:
+        ``(mode, k_steps)``: ``mode`` lower-cased, one of ``MODES``; ``k_steps``
+        as configured (-1 or 0 where unset; >= 1 in GEO mode).
+
+    Raises:
+        TrainerError: a mode outside ``MODES``, or GEO with ``k_steps < 1``.
+        ValueError: a ``DistributedStrategy`` with ``a_sync=False`` and
+            ``k_steps > 0`` (from its ``mode``).
+    """
+    if strategy is None:
+        return "async", 0
+    configs = getattr(strategy, "a_sync_configs", None) or {}
+    try:
+        k_steps = int(configs.get("k_steps") or 0)
+    except (TypeError, ValueError, AttributeError):
+        k_steps = 0
+    mode = getattr(strategy, "mode", None)
+    if mode is None:
+        mode = _paddle_mode(getattr(strategy, "a_sync", True), k_steps)
+    mode = str(mode).lower()
+    if mode not in MODES:
+        raise TrainerError(f"strategy.mode must be one of {MODES}, got {mode!r}")
+    if mode == "geo" and k_steps < 1:
+        raise TrainerError(f"GEO mode needs a_sync_configs['k_steps'] >= 1, got {k_steps}")
+    return mode, k_steps

@@ -1,0 +1,345 @@
+"""How a worker's optimizer step reaches the tables: one class per training mode.
+
+``ParameterServerRuntime`` picks the class once: ``LocalMode`` without a role
+environment, else the strategy's mode (``distributed_mode``):
+
+* ``LocalMode``: no servers; the step runs the optimizer and trains the
+  in-process sparse tables.
+* ``AsyncMode`` (``"async"``): the step sends its gradients and goes on; the
+  servers apply each worker's push as it comes.
+* ``SyncMode`` (``"sync"``): the step waits until every worker pushed; the
+  servers apply the average once.
+* ``GeoMode`` (``"geo"``): the worker trains its own copy; every k steps it
+  sends each change since the last sync (deltas) and merges the servers' sum.
+
+A distributed mode's step needs the servers: ``connect()`` (from
+``init_worker``) hands it a ``WorkerLink``. The runtime's other calls wait for
+what a mode sent through ``settle()`` (barrier, load) and ``flush()`` (refresh,
+save, stop: GEO also sends what it has not synced yet), and tell it through
+``reloaded()`` that the worker's values were replaced by the servers'.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from ..job.errors import TrainerError
+from . import server as handlers
+from . import sparse, transport
+from .client import GeoStore, RemoteStore, copy_dense, dense_grads, shard_dense, shard_sparse
+from .sparse import TableConfig
+from .table import SparseTable
+
+__all__ = [
+    "AsyncMode",
+    "GeoMode",
+    "LocalMode",
+    "SyncMode",
+    "TrainingMode",
+    "WorkerLink",
+    "distributed_mode",
+]
+
+NOT_CONNECTED = "call fleet.init_worker() before training a parameter-server model"
+
+
+@dataclass(frozen=True)
+class WorkerLink:
+    """What a connected worker's mode works with.
+
+    Attributes:
+        index: this worker's index (the servers count pushes per worker).
+        servers: the servers, with their call timeout.
+        make_table: an empty local table for a config (GEO's local copy).
+    """
+
+    index: int
+    servers: transport.ServerSet
+    make_table: Callable[[TableConfig], SparseTable]
+
+
+class TrainingMode:
+    """The step of one mode and what the runtime's calls must wait for.
+
+    Attributes:
+        name: the strategy's mode name (``"local"`` for ``LocalMode``).
+        servers_run_optimizer: whether the servers apply the optimizer to the
+            pushed gradients (GEO: the workers do, the servers add deltas).
+    """
+
+    name: ClassVar[str]
+    servers_run_optimizer: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.params: list[torch.Tensor] = []
+        self._link: WorkerLink | None = None
+
+    def use(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        """The model's torch optimizer and its dense parameters, in server order."""
+        self.optimizer = optimizer
+        self.params = params
+
+    def connect(self, link: WorkerLink) -> sparse.RowStore:
+        """Starts working with the servers; returns the store forwards pull from.
+        The dense parameters already hold the servers' values."""
+        self._link = link
+        return RemoteStore(link.servers)
+
+    def disconnect(self) -> None:
+        """Forgets the servers (the worker left the job)."""
+        self._link = None
+
+    @property
+    def link(self) -> WorkerLink:
+        """The servers (``TrainerError`` before ``connect``)."""
+        if self._link is None:
+            raise TrainerError(NOT_CONNECTED)
+        return self._link
+
+    def step(self) -> None:
+        """One optimizer step of the thread that calls it (``DistributedOptimizer.step``)."""
+        raise NotImplementedError
+
+    def settle(self) -> None:
+        """Waits for what this worker sent and takes the answers."""
+
+    def flush(self) -> None:
+        """Sends what this worker has not sent yet and waits for all of it."""
+        self.settle()
+
+    def reloaded(self) -> None:
+        """The dense parameters now hold the servers' values (and sparse rows
+        must be read from the servers again)."""
+
+    def _set_dense(self, per_server: list[dict[int, torch.Tensor]]) -> None:
+        copy_dense(self.params, per_server)
+
+    def _torch_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise TrainerError("call fleet.distributed_optimizer(optimizer) before a step")
+        return self.optimizer
+
+
+class LocalMode(TrainingMode):
+    """No servers: the optimizer and the in-process sparse tables."""
+
+    name = "local"
+
+    def step(self) -> None:
+        """Runs the optimizer, then each sparse table's on its pulled rows."""
+        self._torch_optimizer().step()
+        sparse.local_store().push(sparse.take_gradients())
+
+
+class AsyncMode(TrainingMode):
+    """Each step sends its gradients and returns without waiting for them.
+
+    The next step (of the same thread) first waits for that push and takes the
+    dense values it returned. So the servers apply a push while the worker
+    computes the next batch, and a worker's dense parameters lag by one step at
+    most more than async mode's arrival order already allows. ``settle`` and
+    ``flush`` wait for every push in flight; a push that failed raises there.
+    """
+
+    name = "async"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._pushes: dict[int, list[Any]] = {}  # thread -> its push's futures
+
+    def step(self) -> None:
+        """Sends this thread's sparse and dense gradients to their servers."""
+        link = self.link
+        servers = link.servers
+        self._wait(threading.get_ident())
+        n = len(servers)
+        sparse_parts = shard_sparse(sparse.take_gradients(), n)
+        # The gradients are sent while the caller goes on (zero_grad may reuse them).
+        grads = {i: g.clone() for i, g in dense_grads(self.params).items()}
+        dense_parts = shard_dense(grads, n)
+        futures = [
+            servers.call_async(s, handlers.push, link.index, sparse_parts[s], dense_parts[s])
+            for s in range(n)
+        ]
+        with self._lock:
+            self._pushes[threading.get_ident()] = futures
+
+    def settle(self) -> None:
+        """Waits for every thread's push in flight."""
+        self._wait(None)
+
+    def _wait(self, thread: int | None) -> None:
+        """Waits for the push in flight of ``thread`` (None: of every thread)
+        and takes the dense values it returned."""
+        with self._lock:
+            if thread is None:
+                pending = list(self._pushes.values())
+                self._pushes.clear()
+            else:
+                futures = self._pushes.pop(thread, None)
+                pending = [] if futures is None else [futures]
+        if not pending:
+            return
+        servers = self.link.servers
+        for futures in pending:
+            self._set_dense([servers.wait(s, f, "push") for s, f in enumerate(futures)])
+
+
+class SyncMode(TrainingMode):
+    """Each step waits for every worker's push; the servers apply the average."""
+
+    name = "sync"
+
+    def step(self) -> None:
+        """Pushes this step's gradients and takes the dense values of the round."""
+        link = self.link
+        servers = link.servers
+        n = len(servers)
+        sparse_parts = shard_sparse(sparse.take_gradients(), n)
+        dense_parts = shard_dense(dense_grads(self.params), n)
+        args = [(link.index, sparse_parts[s], dense_parts[s]) for s in range(n)]
+        # The step waits for the slowest worker: bounded by the start timeout.
+        self._set_dense(
+            servers.call_all(handlers.push_sync, args, timeout=transport.start_timeout())
+        )
+
+
+class GeoMode(TrainingMode):
+    """Local training, with the changes sent to the servers every ``k_steps``.
+
+    The sync every k steps returns once its push is sent: training goes on, and
+    a later step merges the servers' answer when it has come. The next sync,
+    ``settle`` and ``flush`` wait for it.
+
+    Args:
+        k_steps: steps (of all the worker's threads together) between syncs.
+    """
+
+    name = "geo"
+    servers_run_optimizer = False
+
+    def __init__(self, k_steps: int) -> None:
+        super().__init__()
+        if k_steps < 1:
+            raise TrainerError(f"GEO mode needs a_sync_configs['k_steps'] >= 1, got {k_steps}")
+        self.k_steps = k_steps
+        self.store: GeoStore | None = None
+        self._steps = 0
+        self._lock = threading.Lock()  # the step count, the local copy vs. a sync
+        self._flight = threading.Lock()  # one sync in flight at a time
+        self._inflight: tuple[list[Any], list[Any]] | None = None
+        self._dense_base: list[torch.Tensor] = []  # dense values as of the last sync
+
+    def connect(self, link: WorkerLink) -> sparse.RowStore:
+        """A local copy of the rows, starting from the servers' dense values."""
+        self._link = link
+        self._dense_base = [p.detach().clone() for p in self.params]
+        self.store = GeoStore(link.servers, link.make_table)
+        return self.store
+
+    def disconnect(self) -> None:
+        """Forgets the servers and the local copy."""
+        super().disconnect()
+        self.store = None
+
+    def step(self) -> None:
+        """Trains the local copy; every ``k_steps``-th step sends a sync."""
+        store = self._store()
+        self._torch_optimizer().step()
+        store.apply(sparse.take_gradients())
+        with self._lock:
+            self._steps += 1
+            due = self._steps % self.k_steps == 0
+        if due:
+            self.sync(wait=False)
+        else:
+            self._finish(block=False)
+
+    def settle(self) -> None:
+        """Merges the answer of the sync in flight, waiting for it."""
+        self._finish(block=True)
+
+    def flush(self) -> None:
+        """Sends every change since the last sync and merges the answer."""
+        self.sync(wait=True)
+
+    def reloaded(self) -> None:
+        """Drops the local rows (the next pulls read the servers') and takes the
+        dense values as the new base."""
+        self._store().clear()
+        self._dense_base = [p.detach().clone() for p in self.params]
+
+    def _store(self) -> GeoStore:
+        if self.store is None:
+            raise TrainerError(NOT_CONNECTED)
+        return self.store
+
+    def sync(self, wait: bool = True) -> None:
+        """Pushes every change since the last sync (sparse rows and dense
+        parameters) and merges the servers' answer into the local copy;
+        ``wait=False`` returns once the push is sent."""
+        link, store = self.link, self._store()
+        servers = link.servers
+        n = len(servers)
+        with self._flight:
+            self._finish_locked()
+            with self._lock:
+                deltas = store.deltas()
+                with torch.no_grad():
+                    sent = [p.detach().clone() for p in self.params]
+                    dense_deltas = {i: v - self._dense_base[i] for i, v in enumerate(sent)}
+                    self._dense_base = sent
+            sparse_parts = shard_sparse(deltas, n)
+            dense_parts = shard_dense(dense_deltas, n)
+            futures = [
+                servers.call_async(
+                    s, handlers.geo_push, link.index, sparse_parts[s], dense_parts[s]
+                )
+                for s in range(n)
+            ]
+            self._inflight = (futures, sparse_parts)
+            if wait:
+                self._finish_locked()
+
+    def _finish(self, block: bool) -> None:
+        """Merges the answer of the sync in flight (``block=False``: only if it came)."""
+        inflight = self._inflight
+        if inflight is None or (not block and not all(f.done() for f in inflight[0])):
+            return
+        with self._flight:
+            self._finish_locked()
+
+    def _finish_locked(self) -> None:
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        futures, sparse_parts = inflight
+        servers, store = self.link.servers, self._store()
+        results = [servers.wait(s, f, "geo_push") for s, f in enumerate(futures)]
+        with self._lock, torch.no_grad():
+            for s, (rows, dense) in enumerate(results):
+                for name, values in rows.items():
+                    store.merge(name, sparse_parts[s][name][0].numpy(), values)
+                for i, value in dense.items():
+                    # Keep what local training changed since the sync was sent.
+                    change = value - self._dense_base[i]
+                    self.params[i].add_(change.view_as(self.params[i]))
+                    self._dense_base[i] = value.clone()
+
+
+def distributed_mode(name: str, k_steps: int = 0) -> TrainingMode:
+    """A new mode object for a strategy's mode name (``"async"``, ``"sync"``,
+    ``"geo"``, as ``trainer.job.strategy.parameter_server_mode`` returns it)."""
+    if name == GeoMode.name:
+        return GeoMode(k_steps)
+    for cls in (AsyncMode, SyncMode):
+        if name == cls.name:
+            return cls()
+    raise TrainerError(f"strategy.mode must be one of ('async', 'sync', 'geo'), got {name!r}")

@@ -1,0 +1,357 @@
+"""``ParameterServerRuntime``: one process's part of a parameter-server job.
+
+The fleet API delegates to one ``ParameterServerRuntime(role, strategy)`` per
+process. The same script runs in every role, in Paddle's order::
+
+    model = Model()                                # builds its SparseEmbedding tables
+    opt = fleet.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.05))
+    if fleet.is_server():
+        fleet.init_server(); fleet.run_server()    # blocks until every worker stopped
+    else:
+        fleet.init_worker()
+        ... for batch in dataset: loss.backward(); opt.step(); opt.zero_grad()
+        fleet.stop_worker()
+
+What a step does is the training mode's (``trainer.ps.modes``, one class per
+mode, chosen once here); this module runs the rest of the job: a server's
+tables and its RPC group, a worker's connection, barriers and checkpoints.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from ..job.errors import TrainerError
+from ..job.role import ClusterRole
+from ..job.strategy import parameter_server_mode
+from . import checkpoint, sparse, transport
+from . import server as handlers
+from .client import DistributedOptimizer, copy_dense, dense_params
+from .modes import LocalMode, TrainingMode, WorkerLink, distributed_mode
+from .optim import OptimizerSpec
+from .server import ParameterServer
+from .sparse import TableConfig
+
+__all__ = ["ParameterServerRuntime", "load_local"]
+
+log = logging.getLogger(__name__)
+
+
+class ParameterServerRuntime:
+    """One process's part of a parameter-server job (or the local fallback).
+
+    Args:
+        role: this process's place in the job (``ClusterRole.local()``: local mode).
+        strategy: a DistributedStrategy, or any object with its ``mode`` and
+            ``a_sync_configs`` (see ``parameter_server_mode``); None: async.
+
+    Attributes:
+        mode: the strategy's mode name (``"async"``, ``"sync"``, ``"geo"``).
+        k_steps: GEO's steps between syncs, as configured.
+        training: the step and its waits (``LocalMode`` in local mode).
+        servers: a connected worker's view of the servers, else None.
+    """
+
+    def __init__(self, role: ClusterRole, strategy: Any = None) -> None:
+        self.role = role
+        self.mode, self.k_steps = parameter_server_mode(strategy)
+        self.local = not role.distributed
+        if not self.local and role.server_num == 0:
+            raise TrainerError("a parameter-server job needs at least one server endpoint")
+        self.training: TrainingMode = (
+            LocalMode() if self.local else distributed_mode(self.mode, self.k_steps)
+        )
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.params: list[torch.Tensor] = []
+        self.configs: dict[str, TableConfig] = {}
+        self.default_spec: OptimizerSpec | None = None
+        self.servers: transport.ServerSet | None = None
+        self.server: ParameterServer | None = None
+        self._presence: transport.PresenceListener | None = None
+
+    # -- model -------------------------------------------------------------------
+
+    def distributed_optimizer(self, optimizer: torch.optim.Optimizer) -> DistributedOptimizer:
+        """Wraps ``optimizer``; learns the model's tables and dense parameters.
+
+        Its parameters, in order, are the dense parameters (named by index on
+        the servers); its class and first param group's hyper-parameters are
+        every sparse table's optimizer unless the ``SparseEmbedding`` gives its
+        own. Call it before init_server / init_worker.
+
+        Raises:
+            ValueError: ``optimizer`` has no sparse equivalent and some table
+                has no optimizer of its own.
+        """
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer = optimizer.optimizer
+        self.optimizer = optimizer
+        self.params = dense_params(optimizer)
+        self.configs = sparse.table_configs()
+        try:
+            self.default_spec = OptimizerSpec.from_torch(optimizer)
+        except ValueError:
+            self.default_spec = None
+            uncovered = [n for n, c in self.configs.items() if c.optimizer is None]
+            if uncovered:
+                raise
+        if self.local and self.default_spec is not None:
+            sparse.local_store().set_default_optimizer(self.default_spec)
+        self.training.use(optimizer, self.params)
+        return DistributedOptimizer(optimizer, self.training.step)
+
+    def _require_optimizer(self, what: str) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise TrainerError(f"call fleet.distributed_optimizer(optimizer) before {what}")
+        return self.optimizer
+
+    # -- server ------------------------------------------------------------------
+
+    def init_server(self, model_dir: str | None = None) -> None:
+        """Builds this server's shard of the tables and its dense parameters;
+        loads ``model_dir`` (a checkpoint) when given."""
+        if self.local:
+            log.info("init_server() does nothing in a non-distributed job")
+            return
+        if not self.role.is_server:
+            raise TrainerError(f"init_server() called in a {self.role.role.name} process")
+        optimizer = self._require_optimizer("init_server()")
+        tables = {name: c.make_table(self.default_spec) for name, c in self.configs.items()}
+        dense_optimizer = optimizer if self.training.servers_run_optimizer else None
+        self.server = ParameterServer(
+            self.role.index, self.role.server_num, self.role.worker_num, self.mode,
+            tables, self.params, dense_optimizer,
+        )
+        if model_dir:
+            self.server.load(model_dir)
+
+    def run_server(self) -> None:
+        """Joins the RPC group and serves until every worker called stop_worker()."""
+        if self.local:
+            log.info("run_server() does nothing in a non-distributed job")
+            return
+        if self.server is None:
+            self.init_server()
+        server = self.server
+        if server is None:  # init_server() raises rather than leave it unset
+            raise TrainerError("run_server(): this server has no tables")
+        role = self.role
+        endpoint = role.server_endpoints[role.index]
+        if "OMP_NUM_THREADS" not in os.environ:
+            # A server's work is many small numpy/torch calls on RPC threads: one
+            # intra-op thread each; more only contend with the workers beside it
+            # (what torchrun does for several processes on one machine).
+            torch.set_num_threads(1)
+        if role.index > 0:
+            self._presence = transport.PresenceListener(endpoint)
+        transport.set_server_secret(role.job_secret)
+        handlers.install(server)
+        try:
+            transport.init_group(
+                transport.server_name(role.index), role.index, role.server_num + role.worker_num,
+                role.server_endpoints, transport.start_timeout(),
+            )
+            log.info(
+                "parameter server %d serving at %s (%s mode, tables %s, %d dense parameters)",
+                role.index, endpoint, self.mode, sorted(server.tables), len(server.owned),
+            )
+            server.all_done.wait()
+        except BaseException:
+            transport.shutdown_group()
+            raise
+        else:
+            transport.shutdown_group(graceful=True, timeout=transport.start_timeout())
+        finally:
+            handlers.install(None)
+            if self._presence is not None:
+                self._presence.close()
+        log.info("parameter server %d: every worker stopped", role.index)
+
+    # -- worker ------------------------------------------------------------------
+
+    def init_worker(self) -> None:
+        """Waits (bounded) for the servers' ports, joins the RPC group, checks
+        that the servers hold this model's tables and dense shapes, and pulls
+        the dense parameters. Local mode: nothing."""
+        if self.local:
+            log.info("init_worker() does nothing in a non-distributed job")
+            return
+        role = self.role
+        if not role.is_worker:
+            raise TrainerError(f"init_worker() called in a {role.role.name} process")
+        self._require_optimizer("init_worker()")
+        timeout = transport.call_timeout()
+        for endpoint in role.server_endpoints:
+            transport.wait_for_port(endpoint, timeout)
+        transport.init_group(
+            transport.worker_name(role.index), role.server_num + role.index,
+            role.server_num + role.worker_num, role.server_endpoints, transport.start_timeout(),
+        )
+        self.servers = transport.ServerSet(role.server_endpoints, role.job_secret, timeout)
+        try:
+            self._check_servers(self.servers)
+            copy_dense(self.params, self.servers.call_all(handlers.pull_dense))
+        except BaseException:
+            transport.shutdown_group()
+            raise
+        link = WorkerLink(role.index, self.servers, lambda c: c.make_table(self.default_spec))
+        sparse.install_store(self.training.connect(link))
+        atexit.register(self._leave_at_exit)
+        log.info(
+            "worker %d connected to %d servers (%s mode)", role.index, role.server_num, self.mode
+        )
+
+    def _leave_at_exit(self) -> None:
+        """A worker that ends without stop_worker() (an exception escaped the
+        script) leaves the RPC group before the interpreter shuts down: with the
+        group up, TensorPipe's threads can abort the process (SIGABRT, "FATAL:
+        exception not rethrown") instead of letting it exit with status 1."""
+        if self.servers is not None:
+            transport.shutdown_group()
+
+    def _check_servers(self, servers: transport.ServerSet) -> None:
+        want_tables = {n: c.dim for n, c in self.configs.items()}
+        want_dense = [list(p.shape) for p in self.params]
+        for index, info in enumerate(servers.call_all(handlers.describe)):
+            tables = {n: v[0] for n, v in info["tables"].items()}
+            if tables != want_tables or info["dense"] != want_dense or info["mode"] != self.mode:
+                raise TrainerError(
+                    f"parameter server {index} at {servers.endpoints[index]} serves "
+                    f"tables {tables}, dense shapes {info['dense']}, mode {info['mode']}; "
+                    f"this worker's model has tables {want_tables}, dense shapes "
+                    f"{want_dense}, mode {self.mode} (every role must build the same model)"
+                )
+
+    def _connected(self) -> transport.ServerSet:
+        if self.servers is None:
+            raise TrainerError("call fleet.init_worker() before training a parameter-server model")
+        return self.servers
+
+    def refresh(self) -> None:
+        """Brings this worker's copy of the model up to date with the servers,
+        e.g. before an evaluation: in async mode the dense parameters lag the
+        other workers' pushes; in GEO mode cached rows do too (GEO first pushes
+        its pending deltas, then drops its row cache)."""
+        if self.local:
+            return
+        servers = self._connected()
+        self.training.flush()
+        copy_dense(self.params, servers.call_all(handlers.pull_dense))
+        self.training.reloaded()
+
+    def stop_worker(self) -> None:
+        """GEO: pushes what is left; tells every server this worker is done;
+        waits for the other workers to stop too (as Paddle's) and leaves."""
+        if self.local:
+            log.info("stop_worker() does nothing in a non-distributed job")
+            return
+        if self.servers is None:
+            return
+        try:
+            self.training.flush()
+            self.servers.call_all(handlers.worker_done, [(self.role.index,)] * len(self.servers))
+        except BaseException:
+            transport.shutdown_group()
+            raise
+        else:
+            transport.shutdown_group(graceful=True, timeout=transport.start_timeout())
+        finally:
+            sparse.install_store(None)
+            self.training.disconnect()
+            self.servers = None
+
+    def barrier_worker(self) -> None:
+        """Returns once every running worker called barrier_worker() (through server 0)."""
+        if self.local or self.servers is None:
+            return
+        self.training.settle()
+        self.servers.call(0, handlers.barrier, self.role.index, timeout=transport.start_timeout())
+
+    # -- checkpoints -------------------------------------------------------------
+
+    def save_persistables(self, dirname: str) -> None:
+        """Writes every sparse table shard and the dense parameters to ``dirname``
+        (``trainer.ps.checkpoint``). In PS mode call it from one worker: the
+        servers write the files, so ``dirname`` must be visible to them."""
+        optimizer = self._require_optimizer("save_persistables()")
+        staging = checkpoint.staging_dir(dirname)
+        try:
+            if self.local:
+                server_num = 1
+                for name, config in self.configs.items():
+                    table = sparse.local_store().table(config)
+                    path = checkpoint.sparse_file(staging, name, 0)
+                    checkpoint.save_file(table.state_dict(), path)
+                checkpoint.save_file(
+                    {
+                        "indices": torch.arange(len(self.params)),
+                        "params": [p.detach().clone() for p in self.params],
+                        "optimizer": optimizer.state_dict(),
+                    },
+                    checkpoint.dense_file(staging, 0),
+                )
+            else:
+                servers = self._connected()
+                self.training.flush()
+                server_num = len(servers)
+                servers.call_all(handlers.save, [(staging,)] * server_num)
+            meta = {
+                "format": checkpoint.FORMAT,
+                "server_num": server_num,
+                "mode": "local" if self.local else self.mode,
+                "tables": {n: c.as_dict() for n, c in self.configs.items()},
+                "dense": [list(p.shape) for p in self.params],
+            }
+            checkpoint.commit(staging, dirname, meta)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def load_persistables(self, dirname: str) -> None:
+        """Loads a checkpoint written by save_persistables (any server count)."""
+        self._require_optimizer("load_persistables()")
+        if self.local:
+            meta = checkpoint.read_meta(dirname)
+            checkpoint.check_dense_shapes(meta, self.params, dirname)
+            _load_tables(dirname, self.configs)
+            values = checkpoint.dense_values(dirname)
+            with torch.no_grad():
+                for i, p in enumerate(self.params):
+                    p.copy_(values[i])
+            return
+        servers = self._connected()
+        self.training.settle()
+        servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers))
+        copy_dense(self.params, servers.call_all(handlers.pull_dense))
+        self.training.reloaded()
+
+
+def _load_tables(dirname: str, configs: dict[str, TableConfig]) -> None:
+    store = sparse.local_store()
+    for name, config in configs.items():
+        table = store.table(config)
+        for shard in checkpoint.sparse_shards(dirname, name):
+            table.load_state_dict(shard)
+
+
+def load_local(model: torch.nn.Module, dirname: str) -> None:
+    """Loads a checkpoint into a local model (inference, no fleet needed).
+
+    Dense parameters go into ``model.parameters()`` in order (the order of the
+    optimizer that trained it, when it was built from ``model.parameters()``);
+    the model's SparseEmbedding tables get every saved row.
+    """
+    meta = checkpoint.read_meta(dirname)
+    params = list(model.parameters())
+    checkpoint.check_dense_shapes(meta, params, dirname)
+    values = checkpoint.dense_values(dirname)
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            p.copy_(values[i])
+    _load_tables(dirname, sparse.model_tables(model))
