@@ -52,6 +52,18 @@ EXTENSIONS = [
         extra_compile_args=COMPILE_ARGS,
     ),
     Extension(
+        "generators._shortest_float",
+        ["generators/_shortest_float.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+    Extension(
+        "generators._sample_checks",
+        ["generators/_sample_checks.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+    Extension(
         "generators._format",
         ["generators/_format.pyx"],
         define_macros=MACROS,

@@ -12,21 +12,23 @@ Option handling and the public API live in ``datafeed/parsing.py``.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.float cimport FLT_MAX
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, strtof
 from libc.string cimport memchr, memcpy
 
 from datafeed._colbuf cimport ColumnBuffer, grow, take_columns
+from datafeed._kinds cimport (
+    KIND_FLOAT32,
+    KIND_INT64,
+    KIND_UINT64,
+    on_float32_midpoint,
+    rounds_like_strtof,
+)
 
 import numpy as np
 
 from datafeed.errors import ParseError
-
-# Must match datafeed/slots.py.
-cdef enum:
-    KIND_INT64 = 0
-    KIND_UINT64 = 1
-    KIND_FLOAT32 = 2
 
 # Status codes of the loop. The order matches REASONS below.
 cdef enum:
@@ -73,8 +75,6 @@ POW10[:] = [
     1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 ]
-cdef double FLT_MIN_D = 1.1754943508222875e-38   # smallest normal float32
-cdef double FLT_MAX_D = 3.4028234663852886e+38
 cdef uint64_t TWO53 = 9007199254740992ULL
 
 
@@ -416,7 +416,7 @@ cdef int strtof_token(const unsigned char* p, const unsigned char* e, bint speci
         free(text)
     if n != 0:
         return ST_NOT_NUMBER
-    if not special and (v > FLT_MAX_D or v < -FLT_MAX_D):
+    if not special and (v > FLT_MAX or v < -FLT_MAX):
         return ST_RANGE                     # a finite decimal beyond float32
     out[0] = v
     return ST_OK
@@ -442,7 +442,6 @@ cdef inline int scan_f32(const unsigned char** pp, float* out) noexcept nogil:
     cdef bint eneg
     cdef unsigned int d
     cdef double dv
-    cdef uint64_t bits
     cdef float f
     if neg or p[0] == 43:
         p += 1
@@ -500,12 +499,10 @@ cdef inline int scan_f32(const unsigned char** pp, float* out) noexcept nogil:
                 dv = dv / POW10[-exp10]
             else:
                 dv = dv * POW10[exp10]
-            if FLT_MIN_D <= dv <= FLT_MAX_D:    # normal float32: a 24-bit significand
-                memcpy(&bits, &dv, 8)
-                if (bits & 0x1FFFFFFF) != 0x10000000:
-                    f = <float>dv
-                    out[0] = -f if neg else f
-                    return ST_OK
+            if rounds_like_strtof(dv):
+                f = <float>dv
+                out[0] = -f if neg else f
+                return ST_OK
     return strtof_token(start, p, False, out)
 
 
@@ -654,7 +651,7 @@ cdef inline int values_f32(SlotBuf* sb, Py_ssize_t s, int64_t count,
     cdef const unsigned char* first
     cdef float* out = (<float*>sb.data) + sb.len
     cdef uintptr_t end10 = <uintptr_t>end - 10     # 8-byte reads at p + 2 are safe
-    cdef uint64_t ipart, fpart, mant, bits, w, t, t2, m
+    cdef uint64_t ipart, fpart, mant, w, t, t2, m
     cdef Py_ssize_t i, nint, frac, b
     cdef double dv
     cdef float fl
@@ -695,8 +692,7 @@ cdef inline int values_f32(SlotBuf* sb, Py_ssize_t s, int64_t count,
                     continue
                 if mant <= TWO53:
                     dv = <double>mant / POW10[frac]
-                    memcpy(&bits, &dv, 8)
-                    if (bits & 0x1FFFFFFF) != 0x10000000:
+                    if not on_float32_midpoint(dv):
                         out[i] = <float>dv
                         p = q
                         continue
@@ -726,13 +722,11 @@ cdef inline int values_f32(SlotBuf* sb, Py_ssize_t s, int64_t count,
                     dv = <double>mant
                     if frac:
                         dv = dv / POW10[frac]
-                    if FLT_MIN_D <= dv <= FLT_MAX_D:
-                        memcpy(&bits, &dv, 8)
-                        if (bits & 0x1FFFFFFF) != 0x10000000:
-                            fl = <float>dv
-                            out[i] = -fl if p[0] == 45 else fl
-                            p = q
-                            continue
+                    if rounds_like_strtof(dv):
+                        fl = <float>dv
+                        out[i] = -fl if p[0] == 45 else fl
+                        p = q
+                        continue
         rc = slow_value(KIND_FLOAT32, s, i, p, &q, <char*>out, count_tok, f)
         if rc:
             return rc

@@ -29,6 +29,7 @@ from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
 from datafeed._colbuf cimport ColumnBuffer, grow, take_columns
+from datafeed._kinds cimport KIND_FLOAT32, KIND_INT64, KIND_UINT64, rounds_like_strtof
 
 import numpy as np
 
@@ -39,16 +40,6 @@ cdef extern from "Python.h":
     # Declared here without an exception clause: the caller checks
     # PyErr_Occurred itself and turns an overflow into "not fast".
     unsigned long long PyLong_AsUnsignedLongLong(object value)
-
-
-# Must match datafeed/slots.py.
-cdef enum:
-    KIND_INT64 = 0
-    KIND_UINT64 = 1
-    KIND_FLOAT32 = 2
-
-cdef double FLT_MIN_D = 1.1754943508222875e-38   # smallest normal float32
-cdef double FLT_MAX_D = 3.4028234663852886e+38
 
 
 ctypedef ColumnBuffer Column
@@ -97,7 +88,6 @@ cdef inline bint _to_u64(object value, uint64_t* out) noexcept:
 
 cdef inline bint _to_f32(object value, float* out) noexcept:
     cdef double d
-    cdef uint64_t bits
     cdef int overflow
     cdef long long v
     if type(value) is float:
@@ -105,16 +95,12 @@ cdef inline bint _to_f32(object value, float* out) noexcept:
         if d == 0.0:
             out[0] = <float>d   # strtof("-0.0") is -0.0 too
             return True
-        # NaN fails both comparisons; subnormals and overflow go the slow way.
-        if not (FLT_MIN_D <= fabs(d) <= FLT_MAX_D):
-            return False
         # The text path reads repr(d), a decimal within half a double ulp of d,
         # and rounds that to float32. Every float32 rounding midpoint is itself
         # a double, so unless d *is* one, the decimal and d lie on the same side
-        # of every midpoint and round alike. On a midpoint (the low 29 bits of
-        # the significand are 1 followed by zeros) they may not.
-        memcpy(&bits, &d, 8)
-        if (bits & 0x1FFFFFFF) == 0x10000000:
+        # of every midpoint and round alike. NaN, subnormals, overflow and
+        # midpoints go the slow way.
+        if not rounds_like_strtof(fabs(d)):
             return False
         out[0] = <float>d
         return True

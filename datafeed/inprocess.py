@@ -34,6 +34,7 @@ as a generator's ``sys.stdin`` reads them; ``.gz`` files are decompressed.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import logging
@@ -52,15 +53,10 @@ from ._samples import ColumnBuilder, run_samples
 from .columns import RecordChunk, SlotColumn
 from .errors import ParseError, ReaderError, SchemaError, add_note
 from .parsing import ChunkParser
-from .ranges import LimitedReader, OrderedChunks, Task, describe, plan_tasks
-from .readers import (
-    DEFAULT_CHUNK_ROWS,
-    FileStats,
-    LoadStats,
-    _Counters,
-    merge_file_stats,
-)
+from .ranges import ChunkSink, LimitedReader, OrderedChunks, Task, describe, plan_tasks
+from .readers import DEFAULT_CHUNK_ROWS
 from .slots import SlotSchema
+from .stats import FileStats, LoadCounters, LoadStats, merge_file_stats
 
 logger = logging.getLogger("datafeed")
 
@@ -70,8 +66,6 @@ POLL_SECONDS = 0.1
 JOIN_SECONDS = 5.0
 # The generator's text mode writes blocks of this size into the parser.
 TEXT_BLOCK_BYTES = 1 << 18
-
-ChunkSink = Callable[[int, RecordChunk], None]
 
 
 def check_generator(value: Any) -> Any:
@@ -101,15 +95,7 @@ def generator_name(generator: Any) -> str:
 
 def _uses_columns(generator: Any) -> bool:
     """Whether the samples can go straight to columns (the built-in numeric format)."""
-    from generators import DataGenerator, MultiSlotDataGenerator
-
-    cls = type(generator)
-    return (
-        isinstance(generator, MultiSlotDataGenerator)
-        and cls._gen_str is MultiSlotDataGenerator._gen_str
-        and cls._new_formatter is DataGenerator._new_formatter
-        and cls.generate_batch is DataGenerator.generate_batch
-    )
+    return type(generator).writes_samples_as_given()
 
 
 # -- one file, in a worker -------------------------------------------------------------
@@ -197,7 +183,7 @@ class _FileLoader:
         )
 
     def _run_columns(self, lines: _RangeLines) -> int:
-        from generators._format import SampleFormatter
+        from generators import SampleFormatter
 
         builder = ColumnBuilder(tuple(self.schema))
         formatter = SampleFormatter()
@@ -236,10 +222,8 @@ class _FileLoader:
         return int(samples)
 
     def _run_text(self, lines: _RangeLines) -> int:
-        from generators._format import SampleError, run_generator
-        from generators.data_generator import _BUILT_IN_FORMATS, DataGenerator
+        from generators import SampleError
 
-        generator = self.generator
         parser = self.parser
         pending = bytearray()
 
@@ -250,16 +234,9 @@ class _FileLoader:
             if parser.pending_rows >= self.chunk_rows:
                 self._send_parsed()
 
-        cls = type(generator)
-        generate_batch = (
-            None if cls.generate_batch is DataGenerator.generate_batch else generator.generate_batch
-        )
-        gen_str = None if cls._gen_str in _BUILT_IN_FORMATS else generator._gen_str
         try:
-            run_generator(
-                lines, generator.generate_sample, generate_batch, generator.batch_size_,
-                generator._new_formatter(), gen_str, write, TEXT_BLOCK_BYTES,
-            )
+            # The text a fresh generator process would write for this file.
+            self.generator.write_multislot(lines, write, block_size=TEXT_BLOCK_BYTES)
         except SampleError as error:
             add_note(error, f"in {self.source}")
             raise
@@ -355,10 +332,9 @@ def _worker_main(conn: Any, generator: Any, schema: SlotSchema, options: dict[st
     except BaseException as error:  # noqa: BLE001 - everything goes back to the parent
         notes = list(getattr(error, "__notes__", ()))
         trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        try:
+        # The parent may have gone, or the pipe broken: nothing more to do then.
+        with contextlib.suppress(Exception):
             conn.send(("error", None if task is None else task[0], _portable(error), notes, trace))
-        except Exception:  # noqa: BLE001, S110 - the parent has gone or the pipe broke
-            pass
     finally:
         conn.close()
 
@@ -434,7 +410,7 @@ class InProcessPool:
             "max_line_bytes": max_line_bytes,
             "chunk_rows": chunk_rows,
         }
-        self.counters = _Counters()
+        self.counters = LoadCounters()
         self._stop = threading.Event()
 
     @property
@@ -449,7 +425,7 @@ class InProcessPool:
     def run(
         self,
         sink: ChunkSink,
-        on_progress: Callable[[_Counters], None] | None = None,
+        on_progress: Callable[[LoadCounters], None] | None = None,
         *,
         by_task: bool = False,
     ) -> LoadStats:
@@ -501,7 +477,8 @@ class InProcessPool:
             _shut_down(workers)
         if self._stop.is_set():
             raise RuntimeError("the load was stopped before it finished")
-        stats = [merge_file_stats(path, parts) for path, parts in zip(self.paths, state.per_file)]
+        per_file = zip(self.paths, state.per_file, strict=True)
+        stats = [merge_file_stats(path, parts) for path, parts in per_file]
         return LoadStats.combine(stats, time.perf_counter() - started)
 
     def _handle(self, worker: _Worker, state: OrderedChunks) -> None:
@@ -529,8 +506,7 @@ class InProcessPool:
             self.counters.add(0, stats.bytes)
             worker.busy = False
             if state.done(position, stats):  # type: ignore[arg-type]
-                with self.counters.lock:
-                    self.counters.files_done += 1
+                self.counters.file_done()
         else:  # "error"
             _, _, error, notes, trace = message
             for note in notes:

@@ -4,9 +4,13 @@ A generator script turns each line of its stdin into samples and writes them
 to stdout as MultiSlot text, byte-identical to Paddle's. This package is
 imported once per input file by every generator process, so it imports
 nothing heavy: no torch, numpy or pyarrow.
+
+``SampleFormatter`` is the compiled formatter behind the MultiSlot classes,
+for code that checks and formats samples itself (datafeed's in-process path).
 """
 
-from generators._format import SampleError
+from generators._format import SampleFormatter
+from generators._sample_checks import SampleError
 from generators.data_generator import (
     DataGenerator,
     MultiSlotDataGenerator,
@@ -18,4 +22,5 @@ __all__ = [
     "MultiSlotDataGenerator",
     "MultiSlotStringDataGenerator",
     "SampleError",
+    "SampleFormatter",
 ]

@@ -3,20 +3,6 @@
 from collections.abc import Callable, Iterable
 from typing import Any
 
-class SampleError(ValueError):
-    """A sample that cannot be written as MultiSlot text."""
-
-    slot: Any
-    sample: int | None
-    value: Any
-    def __init__(
-        self,
-        message: str,
-        slot: Any = None,
-        sample: int | None = None,
-        value: Any = None,
-    ) -> None: ...
-
 class SampleFormatter:
     """Checks samples and appends their MultiSlot text to a buffer."""
 
@@ -34,7 +20,6 @@ class SampleFormatter:
     def append_text(self, text: str) -> None: ...
     def take(self) -> bytes: ...
 
-def float_repr(value: float) -> str: ...
 def run_generator(
     lines: Iterable[str | None],
     generate_sample: Callable[[Any], Callable[[], Iterable[Any]]],

@@ -140,6 +140,63 @@ class DataGenerator:
         """
         self._run((None,))
 
+    def write_multislot(
+        self,
+        lines: Iterable[str | None],
+        write: Callable[[bytes], object],
+        *,
+        block_size: int = BLOCK_SIZE,
+    ) -> None:
+        """Writes the MultiSlot text of the samples of ``lines`` through ``write``.
+
+        The bytes are those that ``run_from_stdin`` writes for these lines in a
+        fresh process: the samples of ``generate_sample`` (through
+        ``generate_batch`` when the class overrides it) in the class's format,
+        from a new formatter, so samples are numbered from 1 and the first one
+        fixes the slot schema. ``run_from_stdin``'s own formatter (and so
+        ``_proto_info``) is left alone.
+
+        Args:
+            lines: The input lines, as ``sys.stdin`` gives them (with their
+                ``\\n``), or ``[None]`` for ``generate_sample(None)``.
+            write: Called with each block of bytes, in order.
+            block_size: Blocks are at least this many bytes, except the last.
+
+        Raises:
+            SampleError: A sample is not valid; a note names the input line.
+            ValueError: ``batch_size_`` is below 1.
+        """
+        self._write(lines, self._new_formatter(), self.batch_size_, write, block_size)
+
+    @classmethod
+    def uses_builtin_format(cls) -> bool:
+        """Whether the class's text comes from the built-in compiled formatter.
+
+        True for ``MultiSlotDataGenerator`` and ``MultiSlotStringDataGenerator``
+        and their subclasses, unless a subclass writes its own ``_gen_str``;
+        False for ``DataGenerator`` itself (whose ``_gen_str`` raises Paddle's
+        error) and for any class with a ``_gen_str`` of its own.
+        """
+        return cls._gen_str in _BUILT_IN_FORMATS
+
+    @classmethod
+    def writes_samples_as_given(cls) -> bool:
+        """Whether each sample becomes, as it is, one line of numeric MultiSlot text.
+
+        True for a ``MultiSlotDataGenerator`` subclass that overrides neither
+        ``generate_batch`` nor its text format (``_gen_str`` or the formatter
+        it uses): each sample of ``generate_sample`` is then checked and
+        written by a default ``SampleFormatter``, so the record a line parses
+        to follows from its sample alone. datafeed's in-process path relies on
+        this to skip the text.
+        """
+        return (
+            issubclass(cls, MultiSlotDataGenerator)
+            and cls._gen_str is MultiSlotDataGenerator._gen_str
+            and cls._new_formatter is DataGenerator._new_formatter
+            and cls.generate_batch is DataGenerator.generate_batch
+        )
+
     def _gen_str(self, line: Sample) -> str:
         raise NotImplementedError(
             "pls use MultiSlotDataGenerator or PairWiseDataGenerator"
@@ -156,6 +213,22 @@ class DataGenerator:
     def _run(self, lines: Iterable[str | None]) -> None:
         batch_size = _checked_batch_size(self.batch_size_)
         formatter = self._sample_formatter()
+        stdout = sys.stdout
+        write = _block_writer(stdout)
+        try:
+            self._write(lines, formatter, batch_size, write, BLOCK_SIZE)
+            stdout.flush()
+        except BrokenPipeError:
+            _exit_on_broken_pipe(stdout)
+
+    def _write(
+        self,
+        lines: Iterable[str | None],
+        formatter: SampleFormatter,
+        batch_size: int,
+        write: Callable[[bytes], object],
+        block_size: int,
+    ) -> None:
         # The default generate_batch passes samples through unchanged, so
         # they can be formatted as they come, without building batches.
         generate_batch = (
@@ -166,23 +239,17 @@ class DataGenerator:
         # The compiled formatter writes the built-in formats; anything else
         # (a plain DataGenerator, a subclass's own _gen_str) goes through
         # _gen_str, which for DataGenerator raises Paddle's error.
-        gen_str = None if type(self)._gen_str in _BUILT_IN_FORMATS else self._gen_str
-        stdout = sys.stdout
-        write = _block_writer(stdout)
-        try:
-            run_generator(
-                lines,
-                self.generate_sample,
-                generate_batch,
-                batch_size,
-                formatter,
-                gen_str,
-                write,
-                BLOCK_SIZE,
-            )
-            stdout.flush()
-        except BrokenPipeError:
-            _exit_on_broken_pipe(stdout)
+        gen_str = None if self.uses_builtin_format() else self._gen_str
+        run_generator(
+            lines,
+            self.generate_sample,
+            generate_batch,
+            batch_size,
+            formatter,
+            gen_str,
+            write,
+            block_size,
+        )
 
 
 class MultiSlotDataGenerator(DataGenerator):

@@ -33,8 +33,9 @@ from generators import (
     MultiSlotDataGenerator,
     MultiSlotStringDataGenerator,
     SampleError,
+    SampleFormatter,
 )
-from generators._format import SampleFormatter, float_repr
+from generators._shortest_float import float_repr
 from generators.data_generator import BLOCK_SIZE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,6 +94,7 @@ def test_public_names_are_sorted_and_complete() -> None:
         "MultiSlotDataGenerator",
         "MultiSlotStringDataGenerator",
         "SampleError",
+        "SampleFormatter",
     ]
     assert issubclass(SampleError, ValueError)
     assert SampleError.__module__ == "generators"
@@ -333,7 +335,7 @@ def test_string_generator_writes_values_as_they_are() -> None:
     )
     # As Paddle: an empty list is written as 0, tuples and any name are fine.
     assert generator._gen_str([(5, ("a", "ü")), ("b", [])]) == "2 a ü 0\n"
-    assert generator._gen_str(zip(["x", "y"], [["1"], ["2", "3"]])) == "1 1 2 2 3\n"
+    assert generator._gen_str(zip(["x", "y"], [["1"], ["2", "3"]], strict=True)) == "1 1 2 2 3\n"
     assert generator._proto_info is None
 
 
@@ -539,7 +541,7 @@ def test_proto_info_follows_paddle() -> None:
 
 
 def test_zip_and_tuple_samples() -> None:
-    sample = zip(["ids", "label"], [[3, 4], [1]])
+    sample = zip(["ids", "label"], [[3, 4], [1]], strict=True)
     assert numeric_line(sample) == b"2 3 4 1 1\n"
     assert numeric_line((("ids", [3]), ["label", [0]])) == b"1 3 1 0\n"
 
@@ -766,6 +768,69 @@ class EmptyOnBlank(MultiSlotDataGenerator):
             yield [("ids", [int(v) for v in line.split()])]
 
         return local_iter
+
+
+def test_write_multislot_writes_what_run_from_stdin_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stdin_text = "1,2\n3\n-4,5,6\n"
+    generator = ListReader()
+    blocks: list[bytes] = []
+    generator.write_multislot(io.StringIO(stdin_text), blocks.append, block_size=6)
+    assert blocks == [b"2 1 2\n", b"1 3\n3 -4 5 6\n"]
+    assert b"".join(blocks) == run_to_bytes(ListReader(), stdin_text, monkeypatch)
+    # run_from_stdin's own formatter (and its schema) is left alone.
+    assert generator._proto_info is None
+
+
+def test_write_multislot_starts_a_fresh_formatter_each_time() -> None:
+    generator = EmptyOnBlank()
+    for _ in range(2):
+        blocks: list[bytes] = []
+        with pytest.raises(SampleError, match=r"^slot 'ids' of sample 2 is empty") as caught:
+            generator.write_multislot(["1\n", "\n"], blocks.append)
+        assert caught.value.__notes__ == ["in the samples of input line 2: '\\n'"]
+        assert blocks == []
+
+
+def test_write_multislot_checks_the_batch_size() -> None:
+    generator = ListReader()
+    generator.batch_size_ = 0
+    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0$"):
+        generator.write_multislot(["1\n"], [].append)
+
+
+def test_which_classes_use_the_built_in_format() -> None:
+    class Batching(ListReader):
+        def generate_batch(self, samples: list) -> Any:
+            return super().generate_batch(samples)
+
+    class OwnText(ListReader):
+        def _gen_str(self, line: Any) -> str:
+            return "text\n"
+
+    class OwnFormatter(ListReader):
+        def _new_formatter(self) -> SampleFormatter:
+            return SampleFormatter(strings=True)
+
+    class Strings(MultiSlotStringDataGenerator):
+        pass
+
+    expected = {
+        DataGenerator: (False, False),
+        MultiSlotDataGenerator: (True, True),
+        ListReader: (True, True),
+        Batching: (True, False),
+        OwnText: (False, False),
+        OwnFormatter: (True, False),
+        MultiSlotStringDataGenerator: (True, False),
+        Strings: (True, False),
+    }
+    found = {
+        cls: (cls.uses_builtin_format(), cls.writes_samples_as_given()) for cls in expected
+    }
+    assert found == expected
+    assert ListReader().writes_samples_as_given() is True
 
 
 class RecordingStdout:

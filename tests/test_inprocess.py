@@ -29,8 +29,7 @@ from datafeed import (
 from datafeed.inprocess import InProcessPool, _FileLoader
 from datafeed.parsing import parse_bytes
 from datafeed.slots import SlotSchema
-from generators import MultiSlotDataGenerator, SampleError
-from generators._format import SampleFormatter
+from generators import MultiSlotDataGenerator, SampleError, SampleFormatter
 
 CRITEO_SLOTS = (
     [Slot("dense_feature", "float32", (13,))]

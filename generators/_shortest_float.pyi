@@ -1,0 +1,3 @@
+"""Type stubs for the compiled shortest float repr (generators/_shortest_float.pyx)."""
+
+def float_repr(value: float) -> str: ...
