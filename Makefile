@@ -8,8 +8,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetfeed-installed
 SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx generators/*.pyx trainer/ps/*.pyx)
+# The linters `make lint` runs, pinned: a new release's new rules must not fail CI.
+LINTERS := ruff==0.17.6 cython-lint==0.22.1
+CYTHON_FILES := $(sort $(wildcard datafeed/*.pyx datafeed/*.pxd generators/*.pyx generators/*.pxd trainer/ps/*.pyx trainer/ps/*.pxd))
 
-.PHONY: all install build demo test test-pythons bench bench-paddle bench-paddle-ps bench-ps clean
+.PHONY: all install build demo lint test test-pythons bench bench-paddle bench-paddle-ps bench-ps clean
 
 all: test
 
@@ -19,6 +22,7 @@ $(STAMP): $(SOURCES)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet "setuptools>=68" "Cython>=3.0" wheel
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[test]"
+	$(PY) -m pip install --quiet $(LINTERS)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,6 +33,12 @@ build: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+
+# ruff for the Python code, cython-lint for the .pyx/.pxd (settings in
+# pyproject.toml). cython-lint runs pycodestyle by name: the venv's bin goes first on PATH.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/cython-lint $(CYTHON_FILES)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -51,7 +51,9 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    print(f"== 1. data: {args.files} raw Criteo-like files x {args.lines:,} lines in {args.out}/data")
+    print(
+        f"== 1. data: {args.files} raw Criteo-like files x {args.lines:,} lines in {args.out}/data"
+    )
     started = time.perf_counter()
     files = make_files(os.path.join(args.out, "data"), args.files, args.lines, seed=0)
     print(f"   written in {time.perf_counter() - started:.1f} s")
@@ -98,7 +100,8 @@ def main() -> None:
         dense = first["dense_feature"][row]
         ids = [first[f"C{i}"] for i in range(1, 27)]
         print(
-            f"   label={int(first['label'][row])} dense=[{', '.join(f'{v:.2f}' for v in dense[:5].tolist())}, ...] "
+            f"   label={int(first['label'][row])} "
+            f"dense=[{', '.join(f'{v:.2f}' for v in dense[:5].tolist())}, ...] "
             f"C1..C3={[hex(_record(r, row)[0] & (2**64 - 1)) for r in ids[:3]]}"
         )
     if not args.no_train:
@@ -120,7 +123,9 @@ def train_wide_and_deep(out: str, lines: int) -> None:
     with open(os.path.join(log_dir, "workerlog.0")) as log:
         results = [line.rstrip() for line in log if "AUC" in line]
     if finished.returncode != 0:
-        raise SystemExit(f"the training job failed (exit status {finished.returncode}); see {log_dir}/")
+        raise SystemExit(
+            f"the training job failed (exit status {finished.returncode}); see {log_dir}/"
+        )
     for line in results:
         print(f"   {line}")
     print(f"   job finished in {time.perf_counter() - started:.1f} s; logs in {log_dir}/")

@@ -6,7 +6,7 @@ import gzip
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, REAL_DATA, SMALL_SCHEMA, small_line
+from support import PYTHON, REPO, REAL_DATA, SMALL_SCHEMA, small_line
 
 from datafeed import InMemoryDataset, ParseError, QueueDataset, Slot, ranges
 from datafeed.readers import ReaderPool

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import SMALL_SCHEMA, write_small_files
+from support import SMALL_SCHEMA, write_small_files
 
 from datafeed import CacheError, InMemoryDataset, Slot
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO, REAL_DATA
+from support import REPO, REAL_DATA
 
 from datafeed import InMemoryDataset, SchemaError, Slot, format_slots, parse_slots
 

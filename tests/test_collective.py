@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import REPO, reserved_ports
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.distributed
 
 WORKER = r'''
 import json, os, sys
@@ -55,7 +55,8 @@ y = row(column(x))
 full_c, full_r = nn.Linear(6, 8), nn.Linear(8, 3)
 g = torch.Generator().manual_seed(7)
 with torch.no_grad():
-    full_c.weight.uniform_(-6 ** -0.5, 6 ** -0.5, generator=g); full_c.bias.uniform_(-6 ** -0.5, 6 ** -0.5, generator=g)
+    full_c.weight.uniform_(-6 ** -0.5, 6 ** -0.5, generator=g)
+    full_c.bias.uniform_(-6 ** -0.5, 6 ** -0.5, generator=g)
     g = torch.Generator().manual_seed(9)
     full_r.weight.copy_(torch.empty(3, 8).uniform_(-8 ** -0.5, 8 ** -0.5, generator=g))
     full_r.bias.copy_(torch.empty(3).uniform_(-8 ** -0.5, 8 ** -0.5, generator=g))
@@ -64,8 +65,11 @@ y2 = full_r(full_c(x2))
 (y2 ** 2).sum().backward()
 result["same_output"] = torch.allclose(y, y2, atol=1e-6)
 result["same_input_grad"] = torch.allclose(x.grad, x2.grad, atol=1e-5)
-result["same_column_grad"] = torch.allclose(column.weight.grad, full_c.weight.grad[rank * 4:(rank + 1) * 4], atol=1e-5)
-result["same_row_grad"] = torch.allclose(row.weight.grad, full_r.weight.grad[:, rank * 4:(rank + 1) * 4], atol=1e-5)
+shard = slice(rank * 4, (rank + 1) * 4)
+result["same_column_grad"] = torch.allclose(
+    column.weight.grad, full_c.weight.grad[shard], atol=1e-5
+)
+result["same_row_grad"] = torch.allclose(row.weight.grad, full_r.weight.grad[:, shard], atol=1e-5)
 
 # 2. util.all_reduce and the barrier.
 result["sum"] = fleet.util.all_reduce(rank + 1)
@@ -80,8 +84,9 @@ batches = [{"x": torch.randn(8, 3)} for _ in range(3 + rank)]
 target = torch.tensor([1.0, -2.0, 0.5])
 def forward(batch):
     return {"loss": ((model(batch["x"]).squeeze(1) - batch["x"] @ target) ** 2).mean()}
-losses = [Executor().train_from_dataset(forward, batches, optimizer, thread=1, fetch_list=[]).mean_loss
-          for _ in range(15)]
+def epoch():
+    return Executor().train_from_dataset(forward, batches, optimizer, thread=1, fetch_list=[])
+losses = [epoch().mean_loss for _ in range(15)]
 result["losses"] = [losses[0], losses[-1]]
 weights = model.module.weight.detach().reshape(-1)
 gathered = collective.all_gather(weights, dim=0)
@@ -91,44 +96,39 @@ json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_ranks(
     tmp_path: Path, scenario: str, ranks: list[int], world_size: int = 2,
     read: list[int] | None = None,
 ) -> list[dict]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = free_port()
     processes = []
-    for rank in ranks:
-        env = dict(
-            os.environ, PYTHONPATH=str(REPO), RANK=str(rank), WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
-        processes.append(subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path), scenario], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        ))
     outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=60)[0])
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-    for process, output in zip(processes, outputs):
+    with reserved_ports(1) as (port,):  # rank 0's rendezvous store listens on it
+        try:
+            for rank in ranks:
+                env = dict(
+                    os.environ, PYTHONPATH=str(REPO), RANK=str(rank),
+                    WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                )
+                processes.append(subprocess.Popen(
+                    [sys.executable, str(script), str(tmp_path), scenario], env=env,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                ))
+            for process in processes:
+                outputs.append(process.communicate(timeout=60)[0])
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.communicate()
+    for process, output in zip(processes, outputs, strict=True):
         assert process.returncode == 0, output
     return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in read or ranks]
 
 
+@pytest.mark.slow
 def test_two_ranks_model_parallel_ddp_and_collectives(tmp_path):
     results = run_ranks(tmp_path, "train", [0, 1])
     for rank, result in enumerate(results):

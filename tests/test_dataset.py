@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import PYTHON, SMALL_SCHEMA, small_record, write_small_files
+from support import PYTHON, SMALL_SCHEMA, small_record, write_small_files
 
 from datafeed import (
     DatasetFactory,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_SCHEMA, write_small_files
+from support import SMALL_SCHEMA, write_small_files
 
 from datafeed import InMemoryDataset, QueueDataset
 
@@ -18,7 +18,7 @@ EPOCHS = 3
 RESUME = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from conftest import SMALL_SCHEMA
+from support import SMALL_SCHEMA
 from datafeed import InMemoryDataset, QueueDataset
 
 files, states, epochs = json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
@@ -162,7 +162,7 @@ def test_release_memory_resets_the_position(small_files: list[str]) -> None:
 
 
 def test_slots_shuffle_moves_the_named_slots_together(small_files: list[str]) -> None:
-    from conftest import small_record
+    from support import small_record
 
     from datafeed import SchemaError
 
@@ -199,7 +199,7 @@ def test_resume_replays_a_slots_shuffle(small_files: list[str]) -> None:
 QUEUE_RESUME = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from conftest import SMALL_SCHEMA
+from support import SMALL_SCHEMA
 from datafeed import QueueDataset
 
 files, state, threads = json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
@@ -226,7 +226,7 @@ def _queue(files: list[str], threads: int) -> QueueDataset:
 def test_queue_dataset_resumes_mid_pass_in_a_new_process(tmp_path: Path, threads: int) -> None:
     # One big file with 3 readers is read as 3 byte ranges at once, which
     # interleave: the state counts per range, not per file.
-    from conftest import small_line
+    from support import small_line
 
     if threads == 1:
         files = write_small_files(tmp_path, files=3, per_file=11)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_SCHEMA, small_line
+from support import SMALL_SCHEMA, small_line
 
 from datafeed import InMemoryDataset, QueueDataset, ReaderError
 from datafeed.fs import DownloadCommand

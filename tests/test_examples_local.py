@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 
 
@@ -22,6 +22,7 @@ def load_module(path: Path, name: str):
     return module
 
 
+@pytest.mark.slow
 def test_mlp_local_learns_and_prints_paddles_lines(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # main() extends it
     monkeypatch.syspath_prepend(str(EXAMPLES / "criteo"))
@@ -34,7 +35,9 @@ def test_mlp_local_learns_and_prints_paddles_lines(tmp_path, monkeypatch, capsys
     assert result["loss1"] < result["loss0"]
     assert result["auc"] > 0.85
     assert re.search(r"^time: \[[^]]+\], batch: \[10\], loss\[1\]:\[[0-9.]+\]$", out, re.MULTILINE)
-    assert re.search(r"^epoch 1: mean loss [0-9.]+, [0-9,]+ records/s, held-out AUC 0\.\d+$", out, re.MULTILINE)
+    assert re.search(
+        r"^epoch 1: mean loss [0-9.]+, [0-9,]+ records/s, held-out AUC 0\.\d+$", out, re.MULTILINE
+    )
 
 
 def fleetrun(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
@@ -46,6 +49,7 @@ def fleetrun(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedPr
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_collective_mlp_two_processes(tmp_path):
     result = fleetrun(tmp_path, EXAMPLES / "collective_mlp" / "train.py", "--lines", "3000")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -60,6 +64,7 @@ def test_collective_mlp_two_processes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_model_parallel_alexnet_two_processes(tmp_path):
     result = fleetrun(
         tmp_path, EXAMPLES / "model_parallel_alexnet" / "train.py",

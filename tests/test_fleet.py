@@ -161,19 +161,16 @@ def test_local_mode_trains_sparse_tables_through_the_ps_runtime(tmp_path):
 
 
 def test_collective_fallback_and_a_one_rank_group():
-    import socket
-
     import torch.distributed as dist
+    from support import reserved_ports
 
     fleet.init(is_collective=True)  # no torchrun environment: one local process
     model = torch.nn.Linear(2, 1)
     assert fleet.distributed_model(model) is model and not dist.is_initialized()
     fleet.barrier_worker()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    maker = UserDefinedRoleMaker(True, current_id=0, worker_endpoints=[f"127.0.0.1:{port}"])
-    fleet.init(maker, timeout=10)
+    with reserved_ports(1) as (port,):  # this process's rendezvous store listens on it
+        maker = UserDefinedRoleMaker(True, current_id=0, worker_endpoints=[f"127.0.0.1:{port}"])
+        fleet.init(maker, timeout=10)
     try:
         assert dist.is_initialized() and dist.get_world_size() == 1
         wrapped = fleet.distributed_model(model)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from conftest import SMALL_SCHEMA, small_line, small_record, write_small_files
+from support import SMALL_SCHEMA, small_line, small_record, write_small_files
 
 import datafeed
 from datafeed import (

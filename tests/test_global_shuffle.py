@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,17 +11,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import small_line
+from support import REPO, reserved_ports, small_line
 
 from datafeed import InMemoryDataset
 from datafeed.global_shuffle import GlobalShuffleError
 
-REPO = Path(__file__).resolve().parent.parent
-
 WORKER = r"""
 import json, os, sys, time
 sys.path.insert(0, os.path.join(sys.argv[3], "tests"))
-from conftest import SMALL_SCHEMA
+from support import SMALL_SCHEMA
 from datafeed import InMemoryDataset
 from datafeed import global_shuffle as gs
 from datafeed.global_shuffle import GlobalShuffleError
@@ -112,12 +109,6 @@ os._exit(0)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_job(
     tmp_path: Path,
     world: int,
@@ -127,44 +118,45 @@ def _run_job(
 ) -> list[dict]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            GLOO_SOCKET_IFNAME="lo",
-        )
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(script),
-                    str(tmp_path),
-                    scenario,
-                    str(REPO),
-                    json.dumps(per_rank_files),
-                ],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+    # Rank 0's rendezvous store listens on the reserved port.
+    with reserved_ports(1) as (port,):
+        procs = []
+        for rank in range(world):
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                GLOO_SOCKET_IFNAME="lo",
             )
-        )
-    deadline = time.monotonic() + timeout
-    outputs = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            outputs.append(out.decode(errors="replace"))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(script),
+                        str(tmp_path),
+                        scenario,
+                        str(REPO),
+                        json.dumps(per_rank_files),
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        deadline = time.monotonic() + timeout
+        outputs = []
+        try:
+            for proc in procs:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                outputs.append(out.decode(errors="replace"))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
     results = []
     for rank in range(world):
         path = tmp_path / f"rank{rank}.json"
@@ -200,6 +192,8 @@ def _per_rank_files(
     return files, ids
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("sizes", [[23, 10], [7, 31, 12]], ids=["world2", "world3"])
 def test_global_shuffle_across_processes(tmp_path: Path, sizes: list[int]) -> None:
     files, all_ids = _per_rank_files(tmp_path, sizes)
@@ -233,6 +227,8 @@ def test_global_shuffle_across_processes(tmp_path: Path, sizes: list[int]) -> No
     assert [r["equal_batches"] for r in results] == [fewest] * world
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("scenario", ["peer_dies", "peer_stalls"])
 def test_a_failed_peer_is_named_within_the_timeout(
     tmp_path: Path, scenario: str
@@ -249,7 +245,7 @@ def test_a_failed_peer_is_named_within_the_timeout(
 
 
 def test_without_a_process_group_it_is_a_local_shuffle(small_files: list[str]) -> None:
-    from conftest import SMALL_SCHEMA
+    from support import SMALL_SCHEMA
 
     a, b = InMemoryDataset(), InMemoryDataset()
     for ds in (a, b):
@@ -265,7 +261,7 @@ def test_without_a_process_group_it_is_a_local_shuffle(small_files: list[str]) -
 def test_a_fleet_of_several_workers_without_a_group_is_an_error(
     small_files: list[str],
 ) -> None:
-    from conftest import SMALL_SCHEMA
+    from support import SMALL_SCHEMA
 
     class TwoWorkers:
         def worker_num(self) -> int:
@@ -288,7 +284,7 @@ def test_a_fleet_of_several_workers_without_a_group_is_an_error(
 
 
 def _loaded(files: list[str], use_var=None) -> InMemoryDataset:
-    from conftest import SMALL_SCHEMA
+    from support import SMALL_SCHEMA
 
     ds = InMemoryDataset()
     ds.init(batch_size=5, use_var=use_var or SMALL_SCHEMA)
@@ -304,15 +300,13 @@ def test_payloads_round_trip_and_are_checked_against_the_slots(
 
     from datafeed import Slot
     from datafeed import global_shuffle as gs
-    from datafeed.store import RecordStore, arrow_schema_of
+    from datafeed.store import RecordStore
 
     ds = _loaded(small_files)
     store = ds._store
     schema = ds.schema
     positions = np.arange(15, dtype=np.int64)
-    send, sizes = gs._encode_round(
-        schema, arrow_schema_of(schema), store.chunks, positions, positions % 2, 2, 1
-    )
+    send, sizes = gs._encode_round(schema, store.chunks, positions, positions % 2, 2, 1)
     assert len(sizes) == 2 and sum(sizes) == len(send)
     first = send[: sizes[0]]
     chunk, got = gs._decode(schema, first, source=1, rank=0, world=2)
@@ -346,6 +340,8 @@ def test_equal_batches_is_a_bool_and_a_no_op_alone(small_files: list[str]) -> No
     assert sum(b.size for b in ds) == 15
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_the_death_of_rank_0_is_named(tmp_path: Path) -> None:
     files, _ = _per_rank_files(tmp_path, [5, 6, 7])
     results = _run_job(tmp_path, 3, "rank0_dies", files)
@@ -360,7 +356,7 @@ PS_JOB = r"""
 import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[2], "tests"))
 import torch
-from conftest import SMALL_SCHEMA
+from support import SMALL_SCHEMA
 from datafeed import InMemoryDataset
 from trainer import fleet
 
@@ -401,6 +397,8 @@ json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
 """
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_global_shuffle_among_the_workers_of_a_ps_job(tmp_path: Path) -> None:
     """A PS job's workers have no process group of their own (they talk to the
     servers over RPC): fleet.worker_group() forms one on first use. The job's

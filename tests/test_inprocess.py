@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, REAL_DATA, child_pids
+from support import PYTHON, REPO, REAL_DATA, child_pids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

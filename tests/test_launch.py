@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from support import REPO, reserved_ports, wait_for
 
 # A stand-in for a training script: servers listen on their port until stopped,
 # workers record their environment and then do what argv[2] says.
@@ -21,11 +20,34 @@ DUMMY = r'''
 import json, os, socket, sys, time
 out, mode = sys.argv[1], sys.argv[2]
 role = os.environ["TRAINING_ROLE"]
+
+def write(name, text):  # whole or not at all: the test reads a file once it exists
+    path = os.path.join(out, name)
+    with open(path + ".partial", "w") as f:
+        f.write(text)
+    os.replace(path + ".partial", path)
+
+def wait_for(condition, what):  # the other processes' progress, not a fixed sleep
+    deadline = time.monotonic() + 30
+    while not condition():
+        if time.monotonic() > deadline:
+            sys.exit(f"{role}: waited 30s for {what}")
+        time.sleep(0.02)
+
+def exists(name):
+    return lambda: os.path.exists(os.path.join(out, name))
+
+def exited(pid):  # gone, or a zombie that fleetrun has yet to reap
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
 if role == "PSERVER":
     index = os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(",").index(
         os.environ["POD_IP"] + ":" + os.environ["PADDLE_PORT"])
-    with open(os.path.join(out, f"server{index}.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    write(f"server{index}.pid", str(os.getpid()))
     if mode == "noserve":
         time.sleep(60)
     sock = socket.socket()
@@ -33,11 +55,11 @@ if role == "PSERVER":
     sock.bind((os.environ["POD_IP"], int(os.environ["PADDLE_PORT"])))
     sock.listen(16)
     print("server listening", flush=True)
+    if mode in ("server_done", "server_dies"):
+        wait_for(exists("worker0.json"), "worker 0 to start")  # the job is running
     if mode == "server_done":
-        time.sleep(0.2)
         sys.exit(0)
     if mode == "server_dies":
-        time.sleep(0.5)
         print("server giving up", flush=True)
         sys.exit(5)
     time.sleep(60)
@@ -46,16 +68,18 @@ else:
     keys = ["TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "POD_IP", "PADDLE_PORT",
             "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS", "FLEETFEED_JOB_SECRET",
             "OMP_NUM_THREADS"]
-    with open(os.path.join(out, f"worker{rank}.json"), "w") as f:
-        json.dump({**{k: os.environ.get(k) for k in keys}, "pid": os.getpid()}, f)
+    write(f"worker{rank}.json", json.dumps({**{k: os.environ.get(k) for k in keys},
+                                            "pid": os.getpid()}))
     if mode == "fail" and rank == "1":
-        time.sleep(0.3)
+        wait_for(exists("worker0.json"), "worker 0 to start")  # every pid file is written
         print("worker 1 is failing on purpose", flush=True)
         sys.exit(3)
     if mode in ("fail", "hang", "server_dies"):
         time.sleep(60)
     if mode == "server_done":
-        time.sleep(1)
+        with open(os.path.join(out, "server0.pid")) as f:
+            server = int(f.read())
+        wait_for(lambda: exited(server), "the server to exit")
     print(f"worker {rank} done", flush=True)
 '''
 
@@ -67,7 +91,9 @@ def dummy(tmp_path: Path) -> Path:
     return script
 
 
-def fleetrun(*args: str, cwd: Path, timeout: float = 30, env: dict | None = None) -> subprocess.CompletedProcess:
+def fleetrun(
+    *args: str, cwd: Path, timeout: float = 30, env: dict | None = None
+) -> subprocess.CompletedProcess:
     env = dict(env if env is not None else os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", "trainer.launch", *args], cwd=cwd, env=env,
@@ -87,6 +113,7 @@ def assert_all_gone(directory: Path) -> None:
             os.kill(pid, 0)
 
 
+@pytest.mark.distributed
 def test_ps_job_sets_paddles_environment_and_stops_the_servers(tmp_path, dummy):
     without_omp = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     result = fleetrun("--server_num=1", "--worker_num=2", str(dummy), str(tmp_path), "ok",
@@ -114,14 +141,11 @@ def test_ps_job_sets_paddles_environment_and_stops_the_servers(tmp_path, dummy):
     assert_all_gone(tmp_path)
 
 
+@pytest.mark.distributed
 def test_explicit_endpoints_and_a_second_job_secret(tmp_path, dummy):
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    result = fleetrun(f"--servers=127.0.0.1:{port}", "--workers=127.0.0.1", "--log_dir=logs",
-                      str(dummy), str(tmp_path), "ok", cwd=tmp_path)
+    with reserved_ports(1) as (port,):  # the dummy server listens on it
+        result = fleetrun(f"--servers=127.0.0.1:{port}", "--workers=127.0.0.1", "--log_dir=logs",
+                          str(dummy), str(tmp_path), "ok", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     env = json.loads((tmp_path / "worker0.json").read_text())
     assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == f"127.0.0.1:{port}"
@@ -129,6 +153,7 @@ def test_explicit_endpoints_and_a_second_job_secret(tmp_path, dummy):
     assert (tmp_path / "logs" / "workerlog.0").exists()
 
 
+@pytest.mark.distributed
 def test_a_users_omp_num_threads_is_kept(tmp_path, dummy):
     result = fleetrun("--server_num=1", "--worker_num=1", str(dummy), str(tmp_path), "ok",
                       cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="3"))
@@ -136,43 +161,57 @@ def test_a_users_omp_num_threads_is_kept(tmp_path, dummy):
     assert json.loads((tmp_path / "worker0.json").read_text())["OMP_NUM_THREADS"] == "3"
 
 
+@pytest.mark.distributed
 def test_a_failing_worker_stops_the_job_and_shows_its_log(tmp_path, dummy):
     started = time.monotonic()
-    result = fleetrun("--server_num=1", "--trainer_num=2", str(dummy), str(tmp_path), "fail", cwd=tmp_path)
+    result = fleetrun("--server_num=1", "--trainer_num=2", str(dummy), str(tmp_path), "fail",
+                      cwd=tmp_path)
     assert time.monotonic() - started < 15
     assert result.returncode == 3
-    assert re.search(r"fleetrun: worker 1 \(pid \d+\) exited with status 3; stopping the job", result.stderr)
+    assert re.search(
+        r"fleetrun: worker 1 \(pid \d+\) exited with status 3; stopping the job", result.stderr
+    )
     assert "worker 1 is failing on purpose" in result.stderr  # the log tail
     assert len(pids(tmp_path)) == 3
     assert_all_gone(tmp_path)
 
 
+@pytest.mark.distributed
 def test_a_server_that_dies_stops_the_job(tmp_path, dummy):
-    result = fleetrun("--server_num=1", "--worker_num=1", str(dummy), str(tmp_path), "server_dies", cwd=tmp_path)
+    result = fleetrun("--server_num=1", "--worker_num=1", str(dummy), str(tmp_path), "server_dies",
+                      cwd=tmp_path)
     assert result.returncode == 5
-    assert re.search(r"server 0 \(pid \d+\) exited with status 5 before the workers finished", result.stderr)
+    assert re.search(
+        r"server 0 \(pid \d+\) exited with status 5 before the workers finished", result.stderr
+    )
     assert "server giving up" in result.stderr
     assert_all_gone(tmp_path)
 
 
+@pytest.mark.distributed
 def test_a_server_that_exits_0_is_not_a_failure(tmp_path, dummy):
     # run_server() returns once every worker called stop_worker(): the server may
     # exit before the workers do.
-    result = fleetrun("--server_num=1", "--worker_num=2", str(dummy), str(tmp_path), "server_done", cwd=tmp_path)
+    result = fleetrun("--server_num=1", "--worker_num=2", str(dummy), str(tmp_path), "server_done",
+                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "log" / "workerlog.1").read_text() == "worker 1 done\n"
     assert_all_gone(tmp_path)
 
 
+@pytest.mark.distributed
 def test_a_server_that_never_listens_times_out(tmp_path, dummy):
     result = fleetrun("--server_num=1", "--worker_num=1", "--start_timeout=1", str(dummy),
                       str(tmp_path), "noserve", cwd=tmp_path)
     assert result.returncode == 1
-    assert re.search(r"server 0 \(pid \d+\) did not listen on 127\.0\.0\.1:\d+ within 1s", result.stderr)
+    assert re.search(
+        r"server 0 \(pid \d+\) did not listen on 127\.0\.0\.1:\d+ within 1s", result.stderr
+    )
     assert not list(tmp_path.glob("worker*.json"))  # no worker was started
     assert_all_gone(tmp_path)
 
 
+@pytest.mark.distributed
 def test_ctrl_c_stops_every_process(tmp_path, dummy):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     launcher = subprocess.Popen(
@@ -181,9 +220,7 @@ def test_ctrl_c_stops_every_process(tmp_path, dummy):
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + 20
-        while len(list(tmp_path.glob("worker*.json"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(list(tmp_path.glob("worker*.json"))) == 2, "2 workers", timeout=20)
         assert len(pids(tmp_path)) == 4
         launcher.send_signal(signal.SIGINT)
         _, err = launcher.communicate(timeout=20)
@@ -199,10 +236,12 @@ def test_ctrl_c_stops_every_process(tmp_path, dummy):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--server_num=2", "--servers=127.0.0.1:6001"], r"--server_num=2 and --servers \(1 endpoints\) do not match"),
+        (["--server_num=2", "--servers=127.0.0.1:6001"],
+         r"--server_num=2 and --servers \(1 endpoints\) do not match"),
         (["--worker_num=2"], "a parameter-server job needs --server_num or --servers"),
         (["--server_num=1"], "a parameter-server job needs --worker_num or --workers"),
-        (["--servers=127.0.0.1:x", "--worker_num=1"], r"--servers must be 'ip:port' entries .*found '127.0.0.1:x'"),
+        (["--servers=127.0.0.1:x", "--worker_num=1"],
+         r"--servers must be 'ip:port' entries .*found '127.0.0.1:x'"),
         ([], "give --server_num/--worker_num .* or --nproc_per_node"),
         (["--server_num=1", "--worker_num=1", "--nproc_per_node=2"], "not both"),
     ],
@@ -213,6 +252,8 @@ def test_argument_errors(tmp_path, args, message):
     assert re.search(message, result.stderr), result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_collective_mode_runs_torchrun_and_fails_when_a_rank_fails(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(
@@ -229,12 +270,14 @@ def test_collective_mode_runs_torchrun_and_fails_when_a_rank_fails(tmp_path):
     assert "exitcode  : 7" in failed.stderr  # torchrun's failure summary names the rank
 
 
+@pytest.mark.distributed
 def test_ctrl_c_stops_a_collective_job(tmp_path):
     script = tmp_path / "sleeper.py"
-    script.write_text(
+    script.write_text(  # the pid file appears whole (renamed into place)
         "import os, sys, time\n"
-        "open(os.path.join(sys.argv[1], f\"rank{os.environ['RANK']}.pid\"), 'w')"
-        ".write(str(os.getpid()))\n"
+        "path = os.path.join(sys.argv[1], f\"rank{os.environ['RANK']}.pid\")\n"
+        "open(path + '.partial', 'w').write(str(os.getpid()))\n"
+        "os.replace(path + '.partial', path)\n"
         "time.sleep(60)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -243,10 +286,7 @@ def test_ctrl_c_stops_a_collective_job(tmp_path):
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)  # let the pid files be complete
+        wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2, "2 rank pid files", timeout=30)
         ranks = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
         assert len(ranks) == 2
         launcher.send_signal(signal.SIGINT)

@@ -5,6 +5,7 @@ leave no process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -14,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import REPO, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.distributed
 STOP_BOUND_SECONDS = 60  # the issue's bound: "within a minute"
 
 # A training script in Paddle's shape: every role builds the model; servers
@@ -28,14 +30,20 @@ from trainer import fleet
 from trainer.nn import SparseEmbedding
 
 out, mode = sys.argv[1], sys.argv[2]
+
+def write_pid(name):  # whole or not at all: the test reads the file once it exists
+    path = os.path.join(out, name)
+    with open(path + ".partial", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".partial", path)
+
 fleet.init()
 torch.set_num_threads(1)
 torch.manual_seed(0)
 embedding, head = SparseEmbedding(4, "emb"), nn.Linear(4, 1)
 optimizer = fleet.distributed_optimizer(torch.optim.Adagrad(head.parameters(), lr=0.1))
 if fleet.is_server():
-    with open(os.path.join(out, "server.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    write_pid("server.pid")
     fleet.init_server()
     fleet.run_server()
     sys.exit(0)
@@ -51,8 +59,7 @@ while True:
     optimizer.zero_grad()
     step += 1
     if step == 5:
-        with open(os.path.join(out, f"worker{rank}.pid"), "w") as f:
-            f.write(str(os.getpid()))
+        write_pid(f"worker{rank}.pid")
     # (Once worker 0 is training too, so that the test sees every pid.)
     if mode == "worker_raises" and rank == 1 and step >= 20 and os.path.exists(
         os.path.join(out, "worker0.pid")
@@ -78,16 +85,21 @@ def start_fleetrun(script: Path, tmp_path: Path, mode: str) -> subprocess.Popen:
     )
 
 
-def wait_for_training(launcher: subprocess.Popen, tmp_path: Path, timeout: float = 120) -> list[int]:
+def wait_for_training(
+    launcher: subprocess.Popen, tmp_path: Path, timeout: float = 120
+) -> list[int]:
     """The pids of the server and both workers, once both workers have trained a few steps."""
     names = ["server.pid", "worker0.pid", "worker1.pid"]
-    deadline = time.monotonic() + timeout
-    while not all((tmp_path / n).exists() for n in names):
-        if launcher.poll() is not None or time.monotonic() > deadline:
-            logs = {p.name: p.read_text()[-1500:] for p in (tmp_path / "log").glob("*")}
-            pytest.fail(f"the job did not start training (fleetrun status {launcher.poll()}): {logs}")
-        time.sleep(0.1)
-    time.sleep(0.2)  # a pid file may be seen before its content is written
+
+    def logs() -> dict[str, str]:
+        return {p.name: p.read_text()[-1500:] for p in (tmp_path / "log").glob("*")}
+
+    def training() -> bool:
+        if launcher.poll() is not None:
+            pytest.fail(f"fleetrun exited with status {launcher.poll()} first: {logs()}")
+        return all((tmp_path / n).exists() for n in names)
+
+    wait_for(training, "the job to start training", timeout, interval=0.1, details=logs)
     return [int((tmp_path / n).read_text()) for n in names]
 
 
@@ -109,10 +121,8 @@ def assert_all_gone(pids: list[int]) -> None:
 
 def kill_leftovers(pids: list[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SMALL_SCHEMA, small_line
+from support import REPO, SMALL_SCHEMA, small_line
 
 import datafeed
 import generators
@@ -50,7 +50,7 @@ def test_nothing_is_printed_at_info_by_default(tmp_path: Path):
     script = f"""
 import sys
 sys.path.insert(0, "{REPO / 'tests'}")
-from conftest import SMALL_SCHEMA
+from support import SMALL_SCHEMA
 from datafeed import InMemoryDataset
 from trainer import fleet
 fleet.init()

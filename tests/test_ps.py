@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support import reserved_ports, wait_for
 from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
@@ -140,16 +140,6 @@ def transport_handler(name: str):
     return getattr(server, name)
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def start(config: dict, tmp_path: Path, name: str, env: dict | None = None) -> subprocess.Popen:
     with open(tmp_path / f"{name}.log", "w") as log:
         return subprocess.Popen(
@@ -160,20 +150,23 @@ def start(config: dict, tmp_path: Path, name: str, env: dict | None = None) -> s
 
 def run_job(tmp_path: Path, mode: str, servers: int = 1, workers: int = 2, **extra) -> dict:
     """Starts servers then workers; returns worker 0's results."""
-    eps = [f"127.0.0.1:{p}" for p in free_ports(servers)]
-    base = {"servers": eps, "workers": workers, "mode": mode, "out": str(tmp_path / "result"),
-            "records": 2000, "secret": "job-secret", **extra}
-    procs = [start({**base, "role": "server", "index": i}, tmp_path, f"server{i}") for i in range(servers)]
-    procs += [start({**base, "role": "worker", "index": i}, tmp_path, f"worker{i}") for i in range(workers)]
-    try:
-        deadline = time.monotonic() + JOB_TIMEOUT
-        for proc in procs:
-            proc.wait(timeout=max(1, deadline - time.monotonic()))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with reserved_ports(servers) as ports:  # the servers listen on them
+        eps = [f"127.0.0.1:{p}" for p in ports]
+        base = {"servers": eps, "workers": workers, "mode": mode, "out": str(tmp_path / "result"),
+                "records": 2000, "secret": "job-secret", **extra}
+        procs = [start({**base, "role": "server", "index": i}, tmp_path, f"server{i}")
+                 for i in range(servers)]
+        procs += [start({**base, "role": "worker", "index": i}, tmp_path, f"worker{i}")
+                  for i in range(workers)]
+        try:
+            deadline = time.monotonic() + JOB_TIMEOUT
+            for proc in procs:
+                proc.wait(timeout=max(1, deadline - time.monotonic()))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     logs = {p.name: p.read_text()[-3000:] for p in tmp_path.glob("*.log")}
     assert [p.returncode for p in procs] == [0] * len(procs), logs
     return json.loads((tmp_path / "result.0").read_text())
@@ -191,6 +184,7 @@ def mode_results(tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_modes_train_to_the_same_quality(mode_results):
     aucs = {mode: r["auc"] for mode, r in mode_results.items()}
     assert all(a > 0.8 for a in aucs.values()), aucs
@@ -198,6 +192,7 @@ def test_modes_train_to_the_same_quality(mode_results):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_rows_are_sharded_over_the_servers(mode_results):
     sizes = mode_results["async"]["sizes"]
     assert len(sizes) == 2 and min(sizes) > 0.3 * sum(sizes), sizes
@@ -211,6 +206,7 @@ def test_rows_are_sharded_over_the_servers(mode_results):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("mode", ["async", "sync", "geo"])
 def test_checkpoint_loads_into_a_local_model(mode_results, mode):
     sparse.local_store().clear()
@@ -221,6 +217,7 @@ def test_checkpoint_loads_into_a_local_model(mode_results, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_sync_equals_local_training_on_both_workers_batches(mode_results):
     """Sync averages the two workers' gradients: the same as one process
     training on both batches of each step with the mean of the two losses."""
@@ -249,13 +246,13 @@ def test_sync_equals_local_training_on_both_workers_batches(mode_results):
 
 def test_unreachable_server_fails_fast_naming_it(monkeypatch):
     monkeypatch.setenv("FLEETFEED_PS_TIMEOUT", "1.5")
-    (port,) = free_ports(1)
-    role = ClusterRole(Role.WORKER, 0, 1, (f"127.0.0.1:{port}",))
-    runtime = ParameterServerRuntime(role, Strategy("async"))
-    runtime.distributed_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1))
-    started = time.monotonic()
-    with pytest.raises(ServerUnavailableError, match=f"127.0.0.1:{port}") as info:
-        runtime.init_worker()
+    with reserved_ports(1) as (port,):  # bound, never listening: connections are refused
+        role = ClusterRole(Role.WORKER, 0, 1, (f"127.0.0.1:{port}",))
+        runtime = ParameterServerRuntime(role, Strategy("async"))
+        runtime.distributed_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1))
+        started = time.monotonic()
+        with pytest.raises(ServerUnavailableError, match=f"127.0.0.1:{port}") as info:
+            runtime.init_worker()
     assert time.monotonic() - started < 5
     assert info.value.endpoint == f"127.0.0.1:{port}"
 
@@ -272,28 +269,31 @@ def test_calls_without_the_job_secret_are_rejected():
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_killed_server_stops_the_worker_within_the_bound(tmp_path):
-    eps = [f"127.0.0.1:{p}" for p in free_ports(1)]
-    base = {"servers": eps, "workers": 1, "mode": "async", "out": str(tmp_path / "result"),
-            "records": 500, "forever": True}
-    env = {"FLEETFEED_PS_TIMEOUT": "5"}
-    server = start({**base, "role": "server", "index": 0}, tmp_path, "server0", env)
-    worker = start({**base, "role": "worker", "index": 0}, tmp_path, "worker0", env)
-    try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "result.started").exists():
-            assert time.monotonic() < deadline and worker.poll() is None, (tmp_path / "worker0.log").read_text()
-            time.sleep(0.1)
-        server.send_signal(signal.SIGKILL)
-        server.wait()
-        killed = time.monotonic()
-        returncode = worker.wait(timeout=20)
-        elapsed = time.monotonic() - killed
-    finally:
-        for proc in (server, worker):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    def training() -> bool:
+        assert worker.poll() is None, (tmp_path / "worker0.log").read_text()
+        return (tmp_path / "result.started").exists()
+
+    with reserved_ports(1) as ports:  # the server listens on it
+        eps = [f"127.0.0.1:{p}" for p in ports]
+        base = {"servers": eps, "workers": 1, "mode": "async", "out": str(tmp_path / "result"),
+                "records": 500, "forever": True}
+        env = {"FLEETFEED_PS_TIMEOUT": "5"}
+        server = start({**base, "role": "server", "index": 0}, tmp_path, "server0", env)
+        worker = start({**base, "role": "worker", "index": 0}, tmp_path, "worker0", env)
+        try:
+            wait_for(training, "the worker to train", timeout=30)
+            server.send_signal(signal.SIGKILL)
+            server.wait()
+            killed = time.monotonic()
+            returncode = worker.wait(timeout=20)
+            elapsed = time.monotonic() - killed
+        finally:
+            for proc in (server, worker):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     log = (tmp_path / "worker0.log").read_text()
     assert returncode != 0
     assert "ServerUnavailableError" in log and eps[0] in log, log[-2000:]

@@ -7,13 +7,13 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from conftest import PYTHON, small_line
+from support import PYTHON, small_line
 
 MEASURE = textwrap.dedent(
     """
     import json, sys
     sys.path.insert(0, {tests!r})
-    from conftest import SMALL_SCHEMA
+    from support import SMALL_SCHEMA
     from datafeed import {kind}
 
     def peak_rss_bytes():

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, REAL_DATA
+from support import PYTHON, REAL_DATA, REPO
 
 from datafeed import InMemoryDataset, QueueDataset, Ragged, Slot
 
@@ -17,7 +17,9 @@ CRITEO_SLOTS = (
     + [Slot(f"C{i}", "uint64") for i in range(1, 27)]
     + [Slot("label", "int64", (1,))]
 )
-BST_NAMES = ["userid", "history", "cate", "position", "target", "target_cate", "target_position", "label"]
+BST_NAMES = [
+    "userid", "history", "cate", "position", "target", "target_cate", "target_position", "label"
+]
 BST_SLOTS = [Slot(name, "uint64") for name in BST_NAMES]
 
 
@@ -35,7 +37,9 @@ def expected_criteo(line: str) -> dict:
     """What examples/criteo/reader.py promises, computed independently of it."""
     fields = line.rstrip("\n").split("\t")
     dense = [math.log1p(max(int(v), 0)) if v else 0.0 for v in fields[1:14]]
-    ids = [(c << 32) | (int(v, 16) if v else 0xFFFFFFFF) for c, v in enumerate(fields[14:], start=1)]
+    ids = [
+        (c << 32) | (int(v, 16) if v else 0xFFFFFFFF) for c, v in enumerate(fields[14:], start=1)
+    ]
     return {"label": int(fields[0]), "dense": dense, "ids": ids}
 
 

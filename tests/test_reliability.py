@@ -13,7 +13,7 @@ from pathlib import Path
 
 import parser_fuzz
 import pytest
-from conftest import PYTHON
+from support import PYTHON
 
 FUZZER = Path(__file__).with_name("parser_fuzz.py")
 
@@ -46,7 +46,7 @@ def test_the_fuzzer_reports_a_disagreement(monkeypatch):
 SOAK = """
 import json, statistics, sys
 sys.path.insert(0, {tests!r})
-from conftest import SMALL_SCHEMA
+from support import SMALL_SCHEMA
 from datafeed import InMemoryDataset
 import torch  # imported before the baseline, as in a training script
 
@@ -73,7 +73,7 @@ print(json.dumps(dict(loaded=loaded, released=released[1:], records=records, sto
 
 
 def test_repeated_load_shuffle_iterate_keeps_memory_flat(tmp_path):
-    from conftest import small_line
+    from support import small_line
 
     block = "".join(small_line(i) for i in range(1000))
     paths = []
@@ -98,7 +98,7 @@ def test_repeated_load_shuffle_iterate_keeps_memory_flat(tmp_path):
 FULL_DISK = """
 import json, os, resource, signal, sys
 sys.path.insert(0, {tests!r})
-from conftest import SMALL_SCHEMA
+from support import SMALL_SCHEMA
 from datafeed import InMemoryDataset
 
 cache, files = sys.argv[1], sys.argv[2:]
@@ -123,7 +123,7 @@ print(json.dumps(out))
 def test_a_full_disk_while_writing_the_cache_is_a_clear_error_and_leaves_nothing(tmp_path):
     import errno
 
-    from conftest import SMALL_SCHEMA, write_small_files
+    from support import SMALL_SCHEMA, write_small_files
 
     from datafeed import InMemoryDataset
 
@@ -180,7 +180,7 @@ ACCOUNTING_FILES = [
 
 
 def _accounting_files(directory: Path) -> list[str]:
-    from conftest import small_line
+    from support import small_line
 
     paths, start = [], 0
     for index, (good, bad) in enumerate(ACCOUNTING_FILES):
@@ -217,7 +217,7 @@ def _assert_adds_up(stats, paths: list[str]) -> None:
 def test_a_load_accounts_for_every_line_per_file_and_logs_it(tmp_path, caplog, pipe_command):
     import logging
 
-    from conftest import SMALL_SCHEMA
+    from support import SMALL_SCHEMA
 
     from datafeed import InMemoryDataset
 
@@ -242,7 +242,7 @@ def test_queue_passes_and_train_from_dataset_account_for_every_line(tmp_path, ca
     import logging
 
     import torch
-    from conftest import SMALL_SCHEMA
+    from support import SMALL_SCHEMA
 
     from datafeed import InMemoryDataset, QueueDataset
     from trainer import Executor
@@ -285,7 +285,7 @@ def test_queue_passes_and_train_from_dataset_account_for_every_line(tmp_path, ca
 
 
 def test_a_load_whose_counts_do_not_add_up_is_an_error_naming_the_file(tmp_path, monkeypatch):
-    from conftest import SMALL_SCHEMA
+    from support import SMALL_SCHEMA
 
     from datafeed import InMemoryDataset
     from datafeed.errors import AccountingError
@@ -308,7 +308,7 @@ def test_a_load_whose_counts_do_not_add_up_is_an_error_naming_the_file(tmp_path,
 TRAIN_SOAK = """
 import json, os, sys
 sys.path.insert(0, {tests!r})
-from conftest import SMALL_SCHEMA
+from support import SMALL_SCHEMA
 import torch
 from datafeed import InMemoryDataset
 from trainer import Executor
@@ -356,7 +356,7 @@ print(json.dumps(dict(calls=calls, store=ds.nbytes)))
 def test_three_train_from_dataset_calls_on_one_dataset_keep_memory_flat(tmp_path, leak):
     import os
 
-    from conftest import small_line
+    from support import small_line
 
     block = "".join(small_line(i) for i in range(1000))
     paths = []
@@ -390,7 +390,7 @@ def test_three_train_from_dataset_calls_on_one_dataset_keep_memory_flat(tmp_path
 SHUFFLE_WORKER = r"""
 import os, signal, sys
 sys.path.insert(0, os.path.join(sys.argv[2], "tests"))
-from conftest import SMALL_SCHEMA, small_line
+from support import SMALL_SCHEMA, small_line
 from datafeed import InMemoryDataset
 from datafeed import global_shuffle as gs
 from trainer import fleet
@@ -500,7 +500,7 @@ def wait_for_the_test():
 
 if mode == "collective":
     sys.path.insert(0, os.path.join(sys.argv[3], "tests"))
-    from conftest import SMALL_SCHEMA, small_line
+    from support import SMALL_SCHEMA, small_line
     from datafeed import InMemoryDataset
     fleet.init(is_collective=True)
     path = os.path.join(out, f"part-{fleet.worker_index()}.txt")

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REAL_DATA, REPO
+from support import REAL_DATA, REPO
 
 # Folders that are built, installed or generated here, not part of the project.
 NOT_PROJECT = {".git", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", "log"}

@@ -50,16 +50,22 @@ def test_trainer_and_pserver_roles():
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        (ps_env(PADDLE_TRAINER_ID="0"), r"TRAINING_ROLE must be set in the environment, found not set"),
-        (ps_env(TRAINING_ROLE="WORKER"), r"TRAINING_ROLE must be TRAINER or PSERVER, found 'WORKER'"),
+        (ps_env(PADDLE_TRAINER_ID="0"),
+         r"TRAINING_ROLE must be set in the environment, found not set"),
+        (ps_env(TRAINING_ROLE="WORKER"),
+         r"TRAINING_ROLE must be TRAINER or PSERVER, found 'WORKER'"),
         (ps_env(TRAINING_ROLE="TRAINER"), r"PADDLE_TRAINER_ID must be set .*found not set"),
-        (ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="x1"), r"PADDLE_TRAINER_ID must be an integer, found 'x1'"),
-        (ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="2"), r"below PADDLE_TRAINERS_NUM=2, found 2"),
+        (ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="x1"),
+         r"PADDLE_TRAINER_ID must be an integer, found 'x1'"),
+        (ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="2"),
+         r"below PADDLE_TRAINERS_NUM=2, found 2"),
         ({**ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="0"), "PADDLE_TRAINERS_NUM": "0"},
          r"PADDLE_TRAINERS_NUM must be an integer >= 1, found '0'"),
-        ({"PADDLE_PSERVERS_IP_PORT_LIST": SERVERS, "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "0"},
+        ({"PADDLE_PSERVERS_IP_PORT_LIST": SERVERS, "TRAINING_ROLE": "TRAINER",
+          "PADDLE_TRAINER_ID": "0"},
          r"PADDLE_TRAINERS_NUM must be set in the environment, found not set"),
-        (ps_env(PADDLE_PSERVERS_IP_PORT_LIST="127.0.0.1", TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="0"),
+        (ps_env(PADDLE_PSERVERS_IP_PORT_LIST="127.0.0.1", TRAINING_ROLE="TRAINER",
+                PADDLE_TRAINER_ID="0"),
          r"PADDLE_PSERVERS_IP_PORT_LIST must be 'host:port' entries .*found '127.0.0.1'"),
         (ps_env(TRAINING_ROLE="PSERVER", POD_IP="127.0.0.1"), r"PADDLE_PORT must be set"),
         (ps_env(TRAINING_ROLE="PSERVER", PADDLE_PORT="6001"), r"POD_IP must be set"),
@@ -68,7 +74,8 @@ def test_trainer_and_pserver_roles():
         (ps_env(TRAINING_ROLE="PSERVER", PADDLE_PORT="6003", POD_IP="127.0.0.1"),
          r"'127.0.0.1:6003' is not in PADDLE_PSERVERS_IP_PORT_LIST"),
         ({"TRAINING_ROLE": "PSERVER"}, r"PADDLE_PSERVERS_IP_PORT_LIST is not set"),
-        (ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="0", PADDLE_TRAINER_ENDPOINTS="127.0.0.1:7001"),
+        (ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="0",
+                PADDLE_TRAINER_ENDPOINTS="127.0.0.1:7001"),
          r"PADDLE_TRAINER_ENDPOINTS lists 1 endpoints but PADDLE_TRAINERS_NUM is 2"),
     ],
 )
@@ -89,7 +96,9 @@ def test_collective_roles_from_torchrun_and_paddle():
         "PADDLE_TRAINER_ID": "1", "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7001,127.0.0.1:7002",
     })
     assert paddle.generate_role().index == 1 and paddle.master_endpoint == "127.0.0.1:7001"
-    with pytest.raises(RoleError, match="MASTER_PORT must be set in the environment, found not set"):
+    with pytest.raises(
+        RoleError, match="MASTER_PORT must be set in the environment, found not set"
+    ):
         role_of({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, True)
     with pytest.raises(RoleError, match="WORLD_SIZE must be an integer, found 'two'"):
         role_of({"RANK": "0", "WORLD_SIZE": "two"}, True)
@@ -113,15 +122,20 @@ def test_user_defined_role_maker():
     )  # Paddle's private role-maker methods, which some scripts call
     assert (paddle_style._worker_num(), paddle_style._server_num()) == (3, 1)
     assert paddle_style._is_first_worker() and not paddle_style._is_server()
-    collective = UserDefinedRoleMaker(True, current_id=1, worker_endpoints=["127.0.0.1:7001", "127.0.0.1:7002"])
-    assert collective.generate_role().is_collective and collective.master_endpoint == "127.0.0.1:7001"
+    collective = UserDefinedRoleMaker(
+        True, current_id=1, worker_endpoints=["127.0.0.1:7001", "127.0.0.1:7002"]
+    )
+    assert collective.generate_role().is_collective
+    assert collective.master_endpoint == "127.0.0.1:7001"
     with pytest.raises(RoleError, match="current_id must be below the 1 server endpoints, found 1"):
         UserDefinedRoleMaker(current_id=1, role=Role.SERVER, worker_num=1,
                              server_endpoints=["127.0.0.1:6001"]).generate_role()
     with pytest.raises(RoleError, match="worker_num is 0 and worker_endpoints is empty"):
         UserDefinedRoleMaker(server_endpoints=["127.0.0.1:6001"]).generate_role()
     with pytest.raises(RoleError, match="role must be Role.WORKER or Role.SERVER, found 7"):
-        UserDefinedRoleMaker(role=7, worker_num=1, server_endpoints=["127.0.0.1:6001"]).generate_role()
+        UserDefinedRoleMaker(
+            role=7, worker_num=1, server_endpoints=["127.0.0.1:6001"]
+        ).generate_role()
     with pytest.raises(RoleError, match="needs server_endpoints, found none"):
         UserDefinedRoleMaker(worker_num=1).generate_role()
     with pytest.raises(RoleError, match="server_endpoints must be 'host:port' .*found 'nohost'"):

@@ -12,7 +12,9 @@ Run as a pipe command: pipe_command="python examples/bst/reader.py".
 
 from generators import MultiSlotDataGenerator
 
-SLOTS = ["userid", "history", "cate", "position", "target", "target_cate", "target_position", "label"]
+SLOTS = [
+    "userid", "history", "cate", "position", "target", "target_cate", "target_position", "label"
+]
 
 
 class BSTReader(MultiSlotDataGenerator):

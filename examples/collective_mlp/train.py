@@ -32,7 +32,9 @@ from trainer import Executor, StreamingAUC, fleet
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="collective_mlp_data")
-    parser.add_argument("--files", type=int, default=4, help="training files (a multiple of the processes)")
+    parser.add_argument(
+        "--files", type=int, default=4, help="training files (a multiple of the processes)"
+    )
     parser.add_argument("--lines", type=int, default=20_000, help="lines per file")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)

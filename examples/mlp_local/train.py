@@ -93,7 +93,9 @@ def evaluate(executor: Executor, model: nn.Module, dataset: InMemoryDataset) -> 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="mlp_local_data", help="where the generated data goes")
-    parser.add_argument("--files", type=int, default=4, help="files to generate (the last is held out)")
+    parser.add_argument(
+        "--files", type=int, default=4, help="files to generate (the last is held out)"
+    )
     parser.add_argument("--lines", type=int, default=25_000, help="lines per file")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)

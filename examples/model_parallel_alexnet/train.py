@@ -57,7 +57,9 @@ class AlexNet(nn.Module):
         return {"loss": loss, "correct": correct}
 
 
-def synthetic_images(count: int, seed: int, noise: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_images(
+    count: int, seed: int, noise: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Images of 10 classes: a fixed random pattern per class, shifted and noisy."""
     prototypes = torch.randn(CLASSES, 3, 32, 32, generator=torch.Generator().manual_seed(1234))
     generator = torch.Generator().manual_seed(seed)
@@ -65,7 +67,7 @@ def synthetic_images(count: int, seed: int, noise: float = 1.0) -> tuple[torch.T
     shifts = torch.randint(-2, 3, (count, 2), generator=generator)
     images = torch.stack([
         torch.roll(prototypes[label], (int(dy), int(dx)), dims=(1, 2))
-        for label, (dy, dx) in zip(labels.tolist(), shifts)
+        for label, (dy, dx) in zip(labels.tolist(), shifts, strict=True)
     ])
     images += noise * torch.randn(images.shape, generator=generator)
     return images, labels
@@ -123,7 +125,10 @@ def main() -> None:
     gathered = all_gather(flat, dim=0).reshape(fleet.worker_num(), -1)
     in_sync = bool((gathered == gathered[0]).all())
     if first:
-        print(f"replicated parameters in sync across {fleet.worker_num()} ranks: {in_sync}", flush=True)
+        print(
+            f"replicated parameters in sync across {fleet.worker_num()} ranks: {in_sync}",
+            flush=True,
+        )
     fleet.stop_worker()
     if not in_sync:
         sys.exit(1)

@@ -7,7 +7,8 @@ high 32 bits), label. See examples/criteo/reader.py.
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "criteo"))
+EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(EXAMPLES, "criteo"))
 
 from reader import CriteoReader
 

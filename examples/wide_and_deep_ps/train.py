@@ -9,7 +9,8 @@ the 13 dense features through the MLP. Worker 0 prints the held-out AUC, and
 the AUC of a model of the dense features alone for comparison.
 
 Usage (1 server + 2 workers; see README.md):
-    fleetrun --server_num=1 --worker_num=2 examples/wide_and_deep_ps/train.py [--mode async|sync|geo]
+    fleetrun --server_num=1 --worker_num=2 examples/wide_and_deep_ps/train.py \\
+        [--mode async|sync|geo]
 Without fleetrun it runs as one local process.
 """
 
@@ -132,7 +133,8 @@ def make_dataset(files: list[str], batch_size: int) -> InMemoryDataset:
 def evaluate(executor: Executor, model: nn.Module, dataset: InMemoryDataset) -> float:
     metric = StreamingAUC()
     executor.infer_from_dataset(
-        model, dataset, fetch_list=[], fetch_handler=lambda out: metric.update(out["label"], out["prob"])
+        model, dataset, fetch_list=[],
+        fetch_handler=lambda out: metric.update(out["label"], out["prob"]),
     )
     return metric.compute()
 
@@ -149,14 +151,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["async", "sync", "geo"], default="async")
     parser.add_argument("--k-steps", type=int, default=20, help="GEO: push deltas every k steps")
-    parser.add_argument("--data", default="wide_and_deep_data", help="where the generated data goes")
-    parser.add_argument("--files", type=int, default=5, help="files to generate (the last is held out)")
+    parser.add_argument(
+        "--data", default="wide_and_deep_data", help="where the generated data goes"
+    )
+    parser.add_argument(
+        "--files", type=int, default=5, help="files to generate (the last is held out)"
+    )
     parser.add_argument("--lines", type=int, default=20_000, help="lines per file")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--print-period", type=int, default=50)
-    parser.add_argument("--save", default="", help="worker 0 saves the model here (save_persistables)")
+    parser.add_argument(
+        "--save", default="", help="worker 0 saves the model here (save_persistables)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     # The reader is a pipe command: its process must find the repository's packages.
