@@ -2,11 +2,11 @@
 
 ``distributed_world`` and ``all_reduce_count`` (a dataset's record and batch
 counts among the workers); ``join_worker_group`` and ``worker_num`` (what a
-``fleet`` says about the workers); and ``_Comm``, collectives waited for with a
-timeout whose failures name the ranks that stopped answering, for
+``fleet`` says about the workers); and ``TimedCollectives``, collectives waited
+for with a timeout whose failures name the ranks that stopped answering, for
 datafeed/global_shuffle.py. While one runs in the main thread, SIGTERM is held
-back for at most ``TERM_GRACE`` seconds (see ``_Comm.run``). torch is imported
-on use only: ``import datafeed`` stays torch-free.
+back for at most ``TERM_GRACE`` seconds (see ``TimedCollectives.run``). torch is
+imported on use only: ``import datafeed`` stays torch-free.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .errors import GlobalShuffleError
 
 logger = logging.getLogger("datafeed")
 
-# Seconds a collective may still take once SIGTERM arrived (see _Comm.run).
+# Seconds a collective may still take once SIGTERM arrived (see TimedCollectives.run).
 TERM_GRACE = 2.0
 
 
@@ -50,7 +50,7 @@ def all_reduce_count(
     import torch
     import torch.distributed as dist
 
-    comm = _Comm(dist, torch, _host_group(dist, group), timeout, None)
+    comm = TimedCollectives(dist, torch, host_group(dist, group), timeout, None)
     group = comm.group
     value = torch.tensor([count], dtype=torch.int64)
     reduce_op = dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM
@@ -75,7 +75,7 @@ def distributed_world(group: Any = None) -> int:
 _gloo_group: Any = None  # made once, when the default group cannot carry CPU tensors
 
 
-def _host_group(dist: Any, group: Any) -> Any:
+def host_group(dist: Any, group: Any) -> Any:
     """``group``, or a gloo group of every rank when the default group is NCCL
     (which carries only GPU tensors). Every rank gets here together."""
     global _gloo_group
@@ -86,7 +86,7 @@ def _host_group(dist: Any, group: Any) -> Any:
     return _gloo_group
 
 
-class _Comm:
+class TimedCollectives:
     """Blocking collectives waited for with a timeout; failures name the ranks."""
 
     def __init__(
@@ -96,7 +96,7 @@ class _Comm:
         group: Any,
         timeout: float | None,
         call: int | None,
-        held: _HeldTermination | None = None,
+        held: HeldTermination | None = None,
     ) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise GlobalShuffleError(
@@ -112,13 +112,15 @@ class _Comm:
         self.held = held
 
     def run(self, start: Any, what: str) -> None:
+        """Starts a collective (``start()`` returns its work handle) and waits for it;
+        a failure or a timeout raises ``GlobalShuffleError`` naming ``what``."""
         # SIGTERM is held back during a global shuffle: a launcher (torchrun
         # under fleetrun) stops every rank as soon as one dies, usually before
         # the survivors' collectives have reported the death. A held SIGTERM
         # gives the shuffle TERM_GRACE more seconds in its collectives (and a
         # failure its peer probe), so that a failure reaches this rank's log;
         # then it stops the process as it would have.
-        held = self.held if self.held is not None else _HeldTermination()
+        held = self.held if self.held is not None else HeldTermination()
         with held if self.held is None else _NoHold():
             self._stop_if_expired(held, what)
             try:
@@ -129,7 +131,7 @@ class _Comm:
             except Exception as error:  # noqa: BLE001 - torch raises several types
                 self._fail(what, error, held)
 
-    def _stop_if_expired(self, held: _HeldTermination, what: str) -> None:
+    def _stop_if_expired(self, held: HeldTermination, what: str) -> None:
         if held.expired(TERM_GRACE):
             logger.error(
                 "rank %d of %d: global_shuffle stopped by %s while %s", self.rank, self.world,
@@ -137,7 +139,7 @@ class _Comm:
             )
             held.redeliver()
 
-    def _wait(self, work: Any, held: _HeldTermination, what: str) -> None:
+    def _wait(self, work: Any, held: HeldTermination, what: str) -> None:
         """``work.wait()`` within the timeout; in the main thread, a polling wait
         during which a held SIGTERM is seen (a blocking wait defers handlers)."""
         if not held.active:
@@ -188,7 +190,7 @@ class _Comm:
             at += n
         return out
 
-    def _fail(self, what: str, error: Exception, held: _HeldTermination) -> None:
+    def _fail(self, what: str, error: Exception, held: HeldTermination) -> None:
         peers = self._silent_peers()  # SIGTERM still held (see run())
         who = (
             "; not answering: " + ", ".join(f"rank {p}" for p in peers)
@@ -241,7 +243,7 @@ class _NoHold:
         return None
 
 
-class _HeldTermination:
+class HeldTermination:
     """Holds back SIGTERM in a ``with`` block (main thread only; elsewhere a no-op).
 
     ``received`` is the signal that arrived meanwhile (or None). Leaving the
@@ -264,7 +266,7 @@ class _HeldTermination:
         """Whether a signal was held for more than ``grace`` seconds."""
         return self.received is not None and time.monotonic() - self.since > grace
 
-    def __enter__(self) -> _HeldTermination:  # noqa: PYI034 - a final, private class
+    def __enter__(self) -> HeldTermination:  # noqa: PYI034 - a final class
         if threading.current_thread() is threading.main_thread():
             try:
                 self._previous = signal.signal(signal.SIGTERM, self._hold)

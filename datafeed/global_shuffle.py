@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from .arrow import chunk_from_record_batch, chunk_to_record_batch, schema_problem
-from .collectives import _Comm, _HeldTermination, _host_group
+from .collectives import HeldTermination, TimedCollectives, host_group
 from .columns import RecordChunk
 from .errors import GlobalShuffleError
 from .memory import release_free_memory
@@ -93,13 +93,17 @@ def global_shuffle(
 
     global _calls
     _calls += 1
-    with _HeldTermination() as held:  # see _Comm.run
-        comm = _Comm(dist, torch, _host_group(dist, group), timeout, _calls, held)
+    with HeldTermination() as held:  # see TimedCollectives.run
+        comm = TimedCollectives(dist, torch, host_group(dist, group), timeout, _calls, held)
         return _shuffle(comm, store, seed, send_batch_size, threads)
 
 
 def _shuffle(
-    comm: _Comm, store: RecordStore, seed: int | None, send_batch_size: int, threads: int
+    comm: TimedCollectives,
+    store: RecordStore,
+    seed: int | None,
+    send_batch_size: int,
+    threads: int,
 ) -> tuple[RecordStore, int]:
     import torch
     import torch.distributed as dist

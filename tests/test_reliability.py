@@ -408,14 +408,14 @@ ds.set_filelist([path])
 ds.load_into_memory()
 gs.ROUND_BYTES = 1  # many small rounds
 if rank == 2:  # dies after the first round of records was exchanged
-    exchange = gs._Comm.exchange
+    exchange = gs.TimedCollectives.exchange
 
     def exchange_then_die(self, *args):
         result = exchange(self, *args)
         print(f"rank {rank}: SIGKILL after the first round", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    gs._Comm.exchange = exchange_then_die
+    gs.TimedCollectives.exchange = exchange_then_die
 ds.global_shuffle(fleet, seed=5)
 print(f"rank {rank}: global_shuffle finished", flush=True)
 """
@@ -467,12 +467,12 @@ def test_a_sigterm_held_during_global_shuffle_is_delivered_afterwards_not_lost()
     import os
     import signal
 
-    from datafeed.global_shuffle import _HeldTermination
+    from datafeed.global_shuffle import HeldTermination
 
     seen: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, _frame: seen.append(signum))
     try:
-        with _HeldTermination() as held:
+        with HeldTermination() as held:
             os.kill(os.getpid(), signal.SIGTERM)
             assert held.received == signal.SIGTERM and seen == []  # held back...
             assert not held.expired(60.0) and held.expired(0.0)
