@@ -60,7 +60,7 @@ def paddle_data(files: list[Path]) -> tuple[list[Path], int]:
     out.mkdir(exist_ok=True)
     numbers: dict[str, str] = {}
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for source, target in zip(files, names):
+    for source, target in zip(files, names, strict=True):
         with open(source, "rb") as stdin:
             text = subprocess.run([sys.executable, str(READER)], stdin=stdin, env=env,
                                   capture_output=True, text=True, check=True).stdout
@@ -256,7 +256,9 @@ def run_paddle_job(mode: str, args: argparse.Namespace, files: list[Path], vocab
     return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
 
 
-def run_processes(commands: list[tuple[str, list[str]]], tmp: Path, server_stops_itself: bool) -> None:
+def run_processes(
+    commands: list[tuple[str, list[str]]], tmp: Path, server_stops_itself: bool
+) -> None:
     """Runs a job's processes (the server first) until the workers end, then
     stops the server if it does not stop by itself (Paddle's). Raises
     RuntimeError with every log's tail when a process fails or the job
@@ -275,10 +277,14 @@ def run_processes(commands: list[tuple[str, list[str]]], tmp: Path, server_stops
         while True:
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) for c in codes):
-                failed = ", ".join(f"{name} exited with status {c}"
-                                   for (name, _), c in zip(commands, codes) if c not in (None, 0))
+                failed = ", ".join(
+                    f"{name} exited with status {c}"
+                    for (name, _), c in zip(commands, codes, strict=True)
+                    if c not in (None, 0)
+                )
                 break
-            if all(w.poll() == 0 for w in workers) and (not server_stops_itself or server.poll() == 0):
+            workers_done = all(w.poll() == 0 for w in workers)
+            if workers_done and (not server_stops_itself or server.poll() == 0):
                 break
             if time.monotonic() > deadline:
                 failed = f"the job did not end within {JOB_TIMEOUT}s (BENCH_PS_TIMEOUT)"
@@ -322,14 +328,17 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=4, help="width of the deep sparse table")
     parser.add_argument("--k-steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=0.05, help="the sparse tables' Adagrad lr")
-    parser.add_argument("--dense-lr", type=float, default=0.001, help="the dense parameters' Adam lr")
+    parser.add_argument("--dense-lr", type=float, default=0.001,
+                        help="the dense parameters' Adam lr")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--paddle", action="store_true",
-                        help="also run Paddle 3.0.0's PS on the same job, alternating with fleetfeed")
+                        help="also run Paddle 3.0.0's PS on the same job, "
+                             "alternating with fleetfeed")
     parser.add_argument("--paddle-python", default=str(PADDLE_PYTHON),
                         help="the interpreter with paddlepaddle 3.0.0 (make bench-paddle-ps)")
     parser.add_argument("--paddle-sparse-lr", type=float, default=0.2,
-                        help="Paddle's sparse Adagrad lr (its rule differs from torch's: see paddle_ps.py)")
+                        help="Paddle's sparse Adagrad lr "
+                             "(its rule differs from torch's: see paddle_ps.py)")
     parser.add_argument("--paddle-initial-g2sum", type=float, default=0.1)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--profile", default="", help="cProfile worker 0's loop to PROFILE.<mode>")
@@ -350,7 +359,8 @@ def main() -> None:
         # machine hits both alike.
         for repeat in range(args.repeats):
             for mode in args.modes:
-                contenders = ["fleetfeed"] + (["paddle"] if args.paddle and mode not in paddle_failures else [])
+                with_paddle = args.paddle and mode not in paddle_failures
+                contenders = ["fleetfeed"] + (["paddle"] if with_paddle else [])
                 if repeat % 2:
                     contenders.reverse()
                 for who in contenders:
@@ -367,8 +377,8 @@ def main() -> None:
                         continue
                     runs.setdefault((who, mode), []).append(workers)
                     rate = [w["records"] / w["seconds"] for w in workers]
-                    print(f"{who} {mode}: {', '.join(f'{r:,.0f}' for r in rate)} records/s per worker, "
-                          f"AUC {workers[0]['auc']:.4f}", flush=True)
+                    print(f"{who} {mode}: {', '.join(f'{r:,.0f}' for r in rate)} "
+                          f"records/s per worker, AUC {workers[0]['auc']:.4f}", flush=True)
     table = results_table(args, runs, paddle_failures)
     print(table)
     if not args.no_write:
@@ -418,17 +428,17 @@ def results_table(args: argparse.Namespace, runs: dict, paddle_failures: dict[st
     for mode in args.modes:
         ours = summarize(runs[("fleetfeed", mode)])
         label = mode if mode != "geo" else f"geo (k={args.k_steps})"
-        line = (f"| {label} | {ours['rate']:,.0f} | {ours['pull_ms']:.2f} | {ours['push_ms']:.2f} | "
-                f"{ours['cpu_ms']:.2f} | {ours['rpcs']:.2f} | {ours['auc']:.4f} |")
+        line = (f"| {label} | {ours['rate']:,.0f} | {ours['pull_ms']:.2f} | "
+                f"{ours['push_ms']:.2f} | {ours['cpu_ms']:.2f} | {ours['rpcs']:.2f} | "
+                f"{ours['auc']:.4f} |")
         if paddle:
             if ("paddle", mode) in runs:
                 theirs = summarize(runs[("paddle", mode)])
                 # Each repeat ran both back to back: their ratio is the least
                 # affected by the shared machine's load changing between repeats.
-                paired = sorted(
-                    summarize([a])["rate"] / summarize([b])["rate"]
-                    for a, b in zip(runs[("fleetfeed", mode)], runs[("paddle", mode)])
-                )
+                # Paddle's runs stop at its first failure: pair the repeats it finished.
+                pairs = zip(runs[("fleetfeed", mode)], runs[("paddle", mode)], strict=False)
+                paired = sorted(summarize([a])["rate"] / summarize([b])["rate"] for a, b in pairs)
                 line += (f" {theirs['rate']:,.0f} | {theirs['auc']:.4f} | "
                          f"{ours['rate'] / theirs['rate']:.2f}x | {statistics.median(paired):.2f}x "
                          f"({paired[0]:.2f}-{paired[-1]:.2f}) |")

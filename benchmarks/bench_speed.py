@@ -134,7 +134,8 @@ def run_dataloader(paths: list[str]) -> dict:
                         for sample in reader.generate_sample(line)():
                             values = dict(sample)
                             yield {
-                                "dense_feature": torch.tensor(values["dense_feature"], dtype=torch.float32),
+                                "dense_feature": torch.tensor(values["dense_feature"],
+                                                              dtype=torch.float32),
                                 "sparse": torch.tensor([values[f"C{i}"][0] for i in range(1, 27)],
                                                        dtype=torch.int64),
                                 "label": torch.tensor(values["label"], dtype=torch.int64),
@@ -198,7 +199,8 @@ def main() -> None:
     cache = str(data / "records.arrow")
     if os.path.exists(cache):
         os.unlink(cache)  # made afresh by the first in-process run
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    python_path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=python_path)
     env["FLEETFEED_PADDLE_PYTHON"] = args.paddle_python
     order = [c for c in CONTENDERS if c in args.only]
     if args.paddle_python == "none":
@@ -216,12 +218,14 @@ def main() -> None:
                 sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
             result = json.loads(out.stdout.strip().splitlines()[-1])
             results[name].append(result)
-            print(f"repeat {repeat + 1} {name:24s} {result['records'] / result['seconds']:12,.0f} lines/s",
-                  flush=True)
+            rate = result["records"] / result["seconds"]
+            print(f"repeat {repeat + 1} {name:24s} {rate:12,.0f} lines/s", flush=True)
     write_report(results, paths, args)
 
 
-def write_report(results: dict[str, list[dict]], paths: list[str], args: argparse.Namespace) -> None:
+def write_report(
+    results: dict[str, list[dict]], paths: list[str], args: argparse.Namespace
+) -> None:
     rates = {
         name: statistics.median(r["records"] / r["seconds"] for r in runs)
         for name, runs in results.items()
@@ -250,7 +254,8 @@ def write_report(results: dict[str, list[dict]], paths: list[str], args: argpars
         lines.append(f"| {name} | {records[name]:,} | {rate:,.0f} | {vs_paddle} | {vs_loader} |")
     lines += [
         "",
-        "Targets (issue 5): pipe >= 2.5x Paddle, in-process >= 4x, cache >= 20x; >= 2x the DataLoader.",
+        "Targets (issue 5): pipe >= 2.5x Paddle, in-process >= 4x, cache >= 20x; "
+        ">= 2x the DataLoader.",
         "`fleetfeed-cache` memory-maps the cache (pages are read on first touch);",
         "`fleetfeed-cache+touch` also reads every value once.",
         "",

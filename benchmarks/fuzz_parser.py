@@ -51,10 +51,12 @@ def main() -> None:
         "empty input) parsed by the Cython parser (random split points) and the reference parser, "
         "in raise and skip modes; outcomes must be identical."),
         "",
-        "| seeds | inputs tried | ParseErrors | records compared | lines skipped | mismatches | crashes or hangs |",
+        "| seeds | inputs tried | ParseErrors | records compared | lines skipped | mismatches "
+        "| crashes or hangs |",
         "|---:|---:|---:|---:|---:|---:|---:|",
-        (f"| {len(rows)} | {total['inputs']:,} | {total['parse_errors']:,} | {total['records_compared']:,} "
-        f"| {total['skipped_lines']:,} | {total['mismatches']} | {crashes} |"),
+        (f"| {len(rows)} | {total['inputs']:,} | {total['parse_errors']:,} "
+         f"| {total['records_compared']:,} | {total['skipped_lines']:,} | {total['mismatches']} "
+         f"| {crashes} |"),
     ]
     write_section("fuzz", "\n".join(lines))
     print("\n".join(lines))

@@ -79,7 +79,9 @@ def wait_for_port(endpoint: str, timeout: float) -> None:
                 return
         except OSError as error:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no Paddle server listening at {endpoint} after {timeout:.0f}s") from error
+                raise TimeoutError(
+                    f"no Paddle server listening at {endpoint} after {timeout:.0f}s"
+                ) from error
             time.sleep(0.2)
 
 
@@ -88,7 +90,9 @@ def wait_for_files(paths: list[str], timeout: float) -> None:
     while not all(os.path.exists(p) for p in paths):
         if time.monotonic() > deadline:
             missing = [p for p in paths if not os.path.exists(p)]
-            raise TimeoutError(f"the other workers did not finish training within {timeout:.0f}s: {missing}")
+            raise TimeoutError(
+                f"the other workers did not finish training within {timeout:.0f}s: {missing}"
+            )
         time.sleep(0.1)
 
 
@@ -121,7 +125,10 @@ def auc_from_histograms(positives, negatives) -> float:
 def build(paddle, config: dict):
     """The static graph; returns (input variables in slot order, loss, probability, label)."""
     dense = paddle.static.data("dense_feature", shape=[-1, 13], dtype="float32")
-    slots = [paddle.static.data(name, shape=[-1, 1], dtype="int64", lod_level=1) for name in CATEGORICAL]
+    slots = [
+        paddle.static.data(name, shape=[-1, 1], dtype="int64", lod_level=1)
+        for name in CATEGORICAL
+    ]
     label = paddle.static.data("label", shape=[-1, 1], dtype="int64")
     vocab, dim = config["vocab"], config["dim"]
     init = paddle.nn.initializer.Uniform(-config["init_scale"], config["init_scale"])
@@ -188,7 +195,9 @@ def main(config: dict) -> None:
 
     def load(files: list[str]):
         dataset = paddle.distributed.InMemoryDataset()
-        dataset.init(batch_size=config["batch_size"], thread_num=1, use_var=inputs, pipe_command="cat")
+        dataset.init(
+            batch_size=config["batch_size"], thread_num=1, use_var=inputs, pipe_command="cat"
+        )
         dataset.set_filelist(files)
         dataset.load_into_memory()
         return dataset
@@ -224,7 +233,10 @@ def main(config: dict) -> None:
         exe.infer_from_dataset(test_program, test, thread=1)
         scope = paddle.static.global_scope()
         out["auc"] = auc_from_histograms(
-            *(np.array(scope.find_var(v.name).get_tensor()).reshape(-1) for v in (positives, negatives))
+            *(
+                np.array(scope.find_var(v.name).get_tensor()).reshape(-1)
+                for v in (positives, negatives)
+            )
         )
     fleet.stop_worker()
     with open(f"{config['out']}.{index}", "w") as f:

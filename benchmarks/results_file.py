@@ -27,4 +27,5 @@ def write_section(name: str, markdown: str, path: Path = RESULTS) -> None:
 
 def as_section(markdown: str) -> str:
     """A report whose title is a level-1 heading, demoted to level 2."""
-    return "\n".join("#" + line if line.startswith("# ") else line for line in markdown.splitlines())
+    lines = markdown.splitlines()
+    return "\n".join("#" + line if line.startswith("# ") else line for line in lines)

@@ -96,7 +96,10 @@ def main() -> None:
     args = parser.parse_args()
     paths = make_criteo(HERE / "data" / "criteo", args.lines, args.files, 0)
     done = subprocess.run(
-        [sys.executable, "-c", RUN.format(repo=str(HERE.parent), epochs=args.epochs), *map(str, paths)],
+        [
+            sys.executable, "-c", RUN.format(repo=str(HERE.parent), epochs=args.epochs),
+            *map(str, paths),
+        ],
         capture_output=True, text=True, timeout=3600, check=False,
     )
     if done.returncode != 0:
@@ -116,11 +119,14 @@ def main() -> None:
             "measured against the process before the first load."
         ),
         "",
-        "| epochs | records per epoch | store MiB | RSS after epoch 1 MiB | RSS after later epochs MiB (min / median / max) | RSS after release_memory MiB (median) | epochs with a wrong record count |",
+        "| epochs | records per epoch | store MiB | RSS after epoch 1 MiB "
+        "| RSS after later epochs MiB (min / median / max) "
+        "| RSS after release_memory MiB (median) | epochs with a wrong record count |",
         "|---:|---:|---:|---:|---|---:|---:|",
         (
             f"| {len(epochs)} | {epochs[0]['records']:,} | {store / mib:.0f} | {first / mib:.0f} | "
-            f"{min(later) / mib:.0f} / {statistics.median(later) / mib:.0f} / {max(later) / mib:.0f} | "
+            f"{min(later) / mib:.0f} / {statistics.median(later) / mib:.0f} / "
+            f"{max(later) / mib:.0f} | "
             f"{statistics.median(released) / mib:.0f} | {lost} |"
         ),
         "",

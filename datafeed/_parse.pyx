@@ -26,8 +26,6 @@ from datafeed._kinds cimport (
     rounds_like_strtof,
 )
 
-import numpy as np
-
 from datafeed.errors import ParseError
 
 # Status codes of the loop. The order matches REASONS below.

@@ -20,7 +20,9 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 cdef fleetfeed_cbytes* _pointers(list arrays) except NULL:
     cdef Py_ssize_t k = len(arrays)
-    cdef fleetfeed_cbytes* table = <fleetfeed_cbytes*> PyMem_Malloc(max(k, 1) * sizeof(fleetfeed_cbytes))
+    cdef fleetfeed_cbytes* table = <fleetfeed_cbytes*> PyMem_Malloc(
+        max(k, 1) * sizeof(fleetfeed_cbytes)
+    )
     cdef const unsigned char[::1] view
     if table == NULL:
         raise MemoryError()

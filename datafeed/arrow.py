@@ -22,6 +22,7 @@ read-only views; the cache passes writable views of its memory map).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+
 import numpy as np
 import pyarrow as pa
 
@@ -86,9 +87,9 @@ def chunk_to_record_batch(schema: SlotSchema, chunk: RecordChunk, *,
         )
     arrays = [
         column_to_arrow(column, slot, uniform_sparse=uniform_sparse, large=large)
-        for slot, column in zip(schema, chunk.columns)
+        for slot, column in zip(schema, chunk.columns, strict=True)
     ]
-    fields = [pa.field(s.name, a.type, nullable=False) for s, a in zip(schema, arrays)]
+    fields = [pa.field(s.name, a.type, nullable=False) for s, a in zip(schema, arrays, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
@@ -107,7 +108,7 @@ def schema_problem(schema: SlotSchema, found: pa.Schema | Iterable[pa.Field], *,
     fields = list(found)
     if len(fields) < len(schema):
         return f"{len(fields)} columns, expected {len(schema)} slots"
-    for slot, field in zip(schema, fields):
+    for slot, field in zip(schema, fields, strict=False):  # columns past the slots: not ours
         kind = field.type
         if field.name != slot.name:
             return f"column {field.name!r} where slot {slot.name!r} was expected"

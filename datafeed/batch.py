@@ -134,7 +134,7 @@ class BatchBuilder:
         size = stop - start
         from_numpy = self._torch.from_numpy
         slots: dict[str, SlotTensor] = {}
-        for slot, column in zip(self._schema, chunk.columns):
+        for slot, column in zip(self._schema, chunk.columns, strict=True):
             if column.offsets is None:
                 w = column.width
                 values = from_numpy(_as_signed(column.values[start * w : stop * w]))

@@ -27,6 +27,7 @@ a reader never sees half a file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -98,7 +99,7 @@ def write_cache(
     arrow_schema = arrow_schema_of(schema)
     widths = [
         [0 if (slot.is_dense or column.offsets is not None) else column.width
-         for slot, column in zip(schema, chunk.columns)]
+         for slot, column in zip(schema, chunk.columns, strict=True)]
         for chunk in chunks
     ]
     meta = {
@@ -121,10 +122,8 @@ def write_cache(
                 writer.write_batch(chunk_to_record_batch(schema, chunk))
         os.replace(temporary, path)  # atomic: readers see the old file or the new one
     except BaseException as error:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
-        except FileNotFoundError:
-            pass
         if isinstance(error, OSError):  # a full disk, a file size limit, a read-only directory
             detail = error.strerror or str(error)
             raise OSError(
@@ -258,7 +257,9 @@ def _check_fresh(
             )
             if not extra and not missing:
                 detail = "the same files in another order"
-            raise CacheError(f"stale cache {path}: it was made from another file list ({detail}); {advice}")
+            raise CacheError(
+                f"stale cache {path}: it was made from another file list ({detail}); {advice}"
+            )
     for source in meta["sources"]:
         try:
             now = stat(source["path"])

@@ -132,7 +132,7 @@ def _shuffle(
     if given.any() and (not given.all() or len(set(seeds.tolist())) > 1):
         described = ", ".join(
             f"rank {r}: {int(s) if g else None}"
-            for r, (s, g) in enumerate(zip(seeds, given))
+            for r, (s, g) in enumerate(zip(seeds, given, strict=True))
         )
         raise GlobalShuffleError(
             f"rank {rank}: global_shuffle needs the same seed on every rank (or None on "

@@ -17,6 +17,7 @@ parser a piece at a time, shared by the pipe readers and the command line.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
@@ -78,10 +79,9 @@ def _spawn(args: list[str], stdin: Any, stderr: Any) -> subprocess.Popen:
 def kill_group(process: subprocess.Popen) -> None:
     """Kills ``process`` and everything it started, unless it already ended."""
     if process.poll() is None:
-        try:
+        # It may have ended in the meantime.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # it ended in the meantime
 
 
 def stderr_tail(file: IO[bytes] | None, count: int = STDERR_TAIL_LINES) -> str:
@@ -156,10 +156,8 @@ class Feeder:
             self.error = error
         finally:
             for closable in (self._pipe, self._source):
-                try:
+                with contextlib.suppress(BrokenPipeError, OSError, ValueError):
                     closable.close()
-                except (BrokenPipeError, OSError, ValueError):
-                    pass
 
     def join(self) -> None:
         """Waits for the copy to end."""

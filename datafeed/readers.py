@@ -177,7 +177,8 @@ class ReaderPool:
             raise self._error
         if self._stop.is_set():
             raise RuntimeError("the load was stopped before it finished")
-        stats = [merge_file_stats(p, parts) for p, parts in zip(self.paths, chunks.per_file)]
+        per_file = zip(self.paths, chunks.per_file, strict=True)
+        stats = [merge_file_stats(path, parts) for path, parts in per_file]
         return LoadStats.combine(stats, time.perf_counter() - started)
 
     # -- reader threads ----------------------------------------------------------

@@ -49,10 +49,12 @@ def random_schema(rng: random.Random) -> SlotSchema:
 
 def random_value(rng: random.Random, dtype: str) -> bytes:
     if dtype == "float32":
-        return repr(rng.choice([0.0, -0.0, 1.5, rng.uniform(-1e6, 1e6), rng.random() * 1e-6])).encode()
+        choices = [0.0, -0.0, 1.5, rng.uniform(-1e6, 1e6), rng.random() * 1e-6]
+        return repr(rng.choice(choices)).encode()
     if dtype == "uint64":
         return str(rng.choice([0, 1, rng.getrandbits(64), rng.randint(0, 10**6)])).encode()
-    return str(rng.choice([0, -1, rng.randint(-(2**63), 2**63 - 1), rng.randint(-1000, 1000)])).encode()
+    choices = [0, -1, rng.randint(-(2**63), 2**63 - 1), rng.randint(-1000, 1000)]
+    return str(rng.choice(choices)).encode()
 
 
 def valid_text(rng: random.Random, schema: SlotSchema, lines: int) -> bytes:
@@ -61,7 +63,8 @@ def valid_text(rng: random.Random, schema: SlotSchema, lines: int) -> bytes:
         parts = []
         for slot in schema:
             count = slot.width or rng.randint(1, 4)
-            parts.append(b" ".join([str(count).encode()] + [random_value(rng, slot.dtype) for _ in range(count)]))
+            values = [random_value(rng, slot.dtype) for _ in range(count)]
+            parts.append(b" ".join([str(count).encode()] + values))
         out.append(b" ".join(parts))
     return b"\n".join(out) + (b"\n" if rng.random() < 0.8 else b"")
 
@@ -116,7 +119,7 @@ def _rows(schema: SlotSchema, chunk) -> list:
     if chunk is None:
         return []
     columns = []
-    for slot, column in zip(schema, chunk.columns):
+    for slot, column in zip(schema, chunk.columns, strict=True):
         values = column.values
         if slot.dtype == "float32":
             values = [float32_bits(v) for v in values.tolist()]

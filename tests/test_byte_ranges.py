@@ -6,7 +6,7 @@ import gzip
 from pathlib import Path
 
 import pytest
-from support import PYTHON, REPO, REAL_DATA, SMALL_SCHEMA, small_line
+from support import PYTHON, REAL_DATA, REPO, SMALL_SCHEMA, small_line
 
 from datafeed import InMemoryDataset, ParseError, QueueDataset, Slot, ranges
 from datafeed.readers import ReaderPool
@@ -53,7 +53,9 @@ def test_ranges_start_at_lines_and_cover_the_file(tmp_path):
     assert ranges.plan_tasks([str(gz)], threads=5, min_bytes=10) == [(0, str(gz), 0, None)]
 
 
-@pytest.mark.parametrize("command", ["cat", "cat -", f"{PYTHON} -c 'import sys; sys.stdout.write(sys.stdin.read())'"])
+@pytest.mark.parametrize(
+    "command", ["cat", "cat -", f"{PYTHON} -c 'import sys; sys.stdout.write(sys.stdin.read())'"]
+)
 def test_one_file_split_gives_the_same_records_in_order_and_stats(big_file, command):
     whole = load([big_file], threads=1, command=command)
     split = load([big_file], threads=4, command=command)

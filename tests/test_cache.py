@@ -78,13 +78,18 @@ def test_a_changed_source_is_refused(tmp_path, files):
     ds.save_cache(path)
     with open(files[1], "a") as out:
         out.write("3 1 2 3 1 5 1 0 1 1\n")
-    with pytest.raises(CacheError, match=rf"stale cache .*c.arrow: source {files[1]} changed since the cache was made \(size \d+ -> \d+ bytes"):
+    stale = (
+        rf"stale cache .*c.arrow: source {files[1]} "
+        r"changed since the cache was made \(size \d+ -> \d+ bytes"
+    )
+    with pytest.raises(CacheError, match=stale):
         dataset(files).load_cache(path)
     last = dataset(files[2:])
     last.load_into_memory()
     last.save_cache(path)
     os.utime(files[2], ns=(0, 0))  # the same size but another mtime is stale too
-    with pytest.raises(CacheError, match=r"changed since the cache was made \(size (\d+) -> \1 bytes, mtime"):
+    same_size = r"changed since the cache was made \(size (\d+) -> \1 bytes, mtime"
+    with pytest.raises(CacheError, match=same_size):
         dataset(files[2:]).load_cache(path)
 
 
@@ -95,9 +100,14 @@ def test_other_slots_or_files_are_refused(tmp_path, files):
     ds.save_cache(path)
     other = InMemoryDataset()
     other.init(use_var=[Slot("dense", "float32", (3,)), Slot("ids", "int64")], progress=False)
-    with pytest.raises(CacheError, match=r"it holds slots \[dense:float32:3, ids:uint64, .*\] but use_var declares \[dense:float32:3, ids:int64\]"):
+    other_slots = (
+        r"it holds slots \[dense:float32:3, ids:uint64, .*\] "
+        r"but use_var declares \[dense:float32:3, ids:int64\]"
+    )
+    with pytest.raises(CacheError, match=other_slots):
         other.load_cache(path)
-    with pytest.raises(CacheError, match="another file list .*cached files not in the filelist: .*part-2.txt"):
+    other_files = "another file list .*cached files not in the filelist: .*part-2.txt"
+    with pytest.raises(CacheError, match=other_files):
         dataset(files[:2]).load_cache(path)
     with pytest.raises(CacheError, match="the same files in another order"):
         dataset(list(reversed(files))).load_cache(path)
@@ -160,7 +170,9 @@ def test_a_cache_with_other_column_types_is_refused(tmp_path, files):
     source.load_into_memory()
     path = tmp_path / "records.arrow"
     source.save_cache(str(path))
-    other = [Slot(s.name, "float32" if s.name == "signed" else s.dtype, s.shape) for s in SMALL_SCHEMA]
+    other = [
+        Slot(s.name, "float32" if s.name == "signed" else s.dtype, s.shape) for s in SMALL_SCHEMA
+    ]
     loaded = InMemoryDataset()
     loaded.init(batch_size=4, use_var=other, progress=False)
     loaded.set_filelist(files)

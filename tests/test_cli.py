@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from support import REPO, REAL_DATA
+from support import REAL_DATA, REPO
 
 from datafeed import InMemoryDataset, SchemaError, Slot, format_slots, parse_slots
 
@@ -143,7 +143,9 @@ def test_usage_errors_exit_2(tmp_path: Path):
 
 
 def test_preview_criteo_decodes_each_slot_by_name():
-    result = datafeed("preview", CRITEO_RAW, "--pipe", CRITEO_READER, "--slots", CRITEO_SPEC, "-n", 2)
+    result = datafeed(
+        "preview", CRITEO_RAW, "--pipe", CRITEO_READER, "--slots", CRITEO_SPEC, "-n", 2
+    )
     out = result.stdout
     assert out.count("record ") == 2
     first = CRITEO_RAW.read_text().splitlines()[0].split("\t")
@@ -164,9 +166,14 @@ def test_preview_bst_shows_variable_lengths():
 def test_preview_shows_a_misaligned_slot(tmp_path: Path):
     # The spec forgets 'position': every later slot is shifted by one.
     spec = BST_SPEC.replace("position:int64,target:", "target:", 1)
-    result = datafeed("preview", BST, "--pipe", BST_READER, "--slots", spec, "-n", 1, check_status=1)
+    result = datafeed(
+        "preview", BST, "--pipe", BST_READER, "--slots", spec, "-n", 1, check_status=1
+    )
     out = result.stdout
-    assert f"record 1: BAD LINE {BST}:1: expected the end of the line after the last slot 'label'" in out
+    assert (
+        f"record 1: BAD LINE {BST}:1: expected the end of the line after the last slot 'label'"
+        in out
+    )
     assert "  target           count   2: 31 31" in out  # position's values, seen as target's
     assert "  (trailing)       2 tokens: 1 0" in out
 
@@ -255,7 +262,9 @@ def test_stats_bst_per_slot_counts():
     rows = [line.split() for line in BST.read_text().splitlines() if line.strip()]
     history = [[t for t in row if t.startswith("history:")] for row in rows]
     lengths = [max(len(h), 1) for h in history]
-    distinct = {t.split(":")[1] for h in history for t in h} | ({"0"} if min(map(len, history)) == 0 else set())
+    distinct = {t.split(":")[1] for h in history for t in h}
+    if min(map(len, history)) == 0:
+        distinct.add("0")
     by_slot = {s["slot"]: s for s in report["slots"]}
     assert by_slot["history"]["values"] == sum(lengths)
     assert by_slot["history"]["min_per_record"] == min(lengths)
@@ -270,7 +279,10 @@ def test_stats_text_output_and_skipped_lines(bad_file: Path):
     out = datafeed("stats", bad_file, "--slots", "ids:uint64,label:int64:1").stdout
     assert out.startswith("1 files, 30 lines, 18 records, 12 skipped lines\n")
     assert "lines/s" in out
-    assert any(line.split()[:2] == ["ids", "uint64"] and line.split()[-1] == "18" for line in out.splitlines())
+    assert any(
+        line.split()[:2] == ["ids", "uint64"] and line.split()[-1] == "18"
+        for line in out.splitlines()
+    )
 
 
 # -- convert -----------------------------------------------------------------------------
@@ -279,7 +291,8 @@ def test_stats_text_output_and_skipped_lines(bad_file: Path):
 def test_convert_to_parquet_matches_the_dataset(tmp_path: Path):
     out = tmp_path / "out"
     result = datafeed("convert", BST, "--pipe", BST_READER, "--slots", BST_SPEC, "--out", out)
-    assert f"wrote 99 records (0 lines skipped) from 1 files to {out / 'data.parquet'}" in result.stdout
+    wrote = f"wrote 99 records (0 lines skipped) from 1 files to {out / 'data.parquet'}"
+    assert wrote in result.stdout
     table = pq.read_table(out / "data.parquet")
     dataset = InMemoryDataset()
     dataset.init(use_var=parse_slots(BST_SPEC), pipe_command=BST_READER)
@@ -292,10 +305,15 @@ def test_convert_to_parquet_matches_the_dataset(tmp_path: Path):
 def test_convert_to_a_cache_that_load_cache_reads(tmp_path: Path, bad_file: Path):
     out = tmp_path / "out"
     spec = "ids:uint64,label:int64:1"
-    result = datafeed("convert", bad_file, "--slots", spec, "--out", out, "--format", "arrow", check_status=1)
+    result = datafeed(
+        "convert", bad_file, "--slots", spec, "--out", out, "--format", "arrow", check_status=1
+    )
     assert "line 3, slot 'label': expected an integer, found b'x'" in result.stderr
     assert not out.exists()  # nothing half-written
-    datafeed("convert", bad_file, "--slots", spec, "--out", out, "--format", "arrow", "--on-bad-line", "skip")
+    datafeed(
+        "convert", bad_file, "--slots", spec, "--out", out, "--format", "arrow",
+        "--on-bad-line", "skip",
+    )
     dataset = InMemoryDataset()
     dataset.init(use_var=parse_slots(out / "slots.txt"))
     dataset.set_filelist([str(bad_file)])

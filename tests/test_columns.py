@@ -125,7 +125,7 @@ def test_codec_round_trip(offsets: str) -> None:
     assert batch.column(1).to_pylist() == IDS
     assert batch.column(2).to_pylist() == SIGNED
     back = chunk_from_record_batch(SCHEMA, batch)
-    for got, want in zip(back.columns, original.columns):
+    for got, want in zip(back.columns, original.columns, strict=True):
         assert rows_of(got) == rows_of(want)
     assert back.columns[2].offsets is None and back.columns[2].width == 1
 

@@ -26,7 +26,10 @@ from datafeed import (
 
 def make_dataset(cls=InMemoryDataset, **settings) -> InMemoryDataset:
     ds = cls()
-    options = {"batch_size": 4, "thread_num": 2, "use_var": SMALL_SCHEMA, "pipe_command": "cat", "progress": False}
+    options = {
+        "batch_size": 4, "thread_num": 2, "use_var": SMALL_SCHEMA, "pipe_command": "cat",
+        "progress": False,
+    }
     options.update(settings)
     ds.init(**options)
     return ds
@@ -39,7 +42,10 @@ def records_of(ds) -> list[dict]:
         columns = {}
         for name in batch:
             value = batch[name]
-            columns[name] = value.tolist() if isinstance(value, Ragged) else value.reshape(batch.size, -1).tolist()
+            if isinstance(value, Ragged):
+                columns[name] = value.tolist()
+            else:
+                columns[name] = value.reshape(batch.size, -1).tolist()
         for i in range(batch.size):
             out.append({name: columns[name][i] for name in columns})
     return out
@@ -476,7 +482,9 @@ def test_a_line_over_max_line_bytes_is_a_parse_error(tmp_path):
 def test_read_timeout_stops_a_silent_command(small_files):
     import time
 
-    ds = make_dataset(pipe_command="head -n 2; echo stuck >&2; sleep 600", read_timeout=0.5, thread_num=1)
+    ds = make_dataset(
+        pipe_command="head -n 2; echo stuck >&2; sleep 600", read_timeout=0.5, thread_num=1
+    )
     ds.set_filelist(small_files[:1])
     started = time.monotonic()
     with pytest.raises(ReaderError, match=r"wrote no output for 0.5 s on .*part-0.txt") as info:
@@ -495,5 +503,6 @@ def test_read_timeout_does_not_stop_a_slow_but_steady_command(small_files):
 
 
 def test_read_timeout_must_be_positive():
-    with pytest.raises(SchemaError, match="'read_timeout' setting must be None or seconds > 0, got 0"):
+    expected = "'read_timeout' setting must be None or seconds > 0, got 0"
+    with pytest.raises(SchemaError, match=expected):
         InMemoryDataset().init(read_timeout=0)

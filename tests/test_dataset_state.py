@@ -104,7 +104,7 @@ def test_resume_in_a_new_process_at_several_positions(tmp_path: Path) -> None:
     )
     resumed = json.loads(result.stdout)
     assert resumed[0] == full  # from the very start: the whole job
-    for (state, seen), rest in zip(states, resumed[1:]):
+    for (state, seen), rest in zip(states, resumed[1:], strict=True):
         assert rest == full[seen:], (state["epoch"], state["batches_consumed"])
 
 
@@ -273,8 +273,7 @@ def test_queue_dataset_resumes_mid_pass_in_a_new_process(tmp_path: Path, threads
 
 def test_queue_dataset_state_refuses_another_file_list_or_plan(small_files: list[str]) -> None:
     ds = _queue(small_files, 1)
-    for batch in ds:
-        break
+    next(iter(ds))  # one batch in
     state = ds.state_dict()
     other = _queue(small_files[:1], 1)
     with pytest.raises(ValueError, match="the state was taken with filelist="):

@@ -177,7 +177,9 @@ def drive(plan_path: str) -> None:
     """Runs the blocks of a plan (written by ``test_doc_snippets_run``) in order."""
     namespace: dict = {"__name__": "__docs__"}
     # `python` in a block (and in a pipe command) is this interpreter.
-    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    os.environ["PATH"] = os.pathsep.join(
+        [os.path.dirname(sys.executable), os.environ.get("PATH", "")]
+    )
     env = dict(os.environ, FLEETFEED_PYTHON=sys.executable)
     for raw in json.loads(Path(plan_path).read_text()):
         block = Block(**raw)

@@ -35,7 +35,7 @@ def store(tmp_path: Path) -> tuple[str, list[str], list[str]]:
     (root / "day" / "part-1").write_text(texts[1])
     with gzip.open(root / "day" / "part-2.gz", "wt") as out:
         out.write(texts[2])
-    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {shlex.quote(str(root))} fs -cat"
+    command = shlex.join([sys.executable, str(script), str(root), "fs", "-cat"])
     return command, ["afs:/day/part-0", "afs:/day/part-1", "afs:/day/part-2.gz"], texts
 
 

@@ -139,10 +139,12 @@ def test_infer_leaves_parameters_alone_and_feeds_the_handler(tmp_path):
 
     spy = Spy()
     spy.load_state_dict(model.state_dict())
-    summary = Executor().infer_from_dataset(spy, dataset, thread=2, fetch_list=[], fetch_handler=handler)
+    summary = Executor().infer_from_dataset(
+        spy, dataset, thread=2, fetch_list=[], fetch_handler=handler
+    )
     assert sorted(seen) == [50] * 8 and summary.records == 400
     assert modes == [False] * 8 and spy.training  # eval during, restored after
-    for old, new in zip(before, spy.parameters()):
+    for old, new in zip(before, spy.parameters(), strict=True):
         assert torch.equal(old, new)
     assert metric.count == 400
     assert 0.0 < metric.compute() < 1.0
@@ -194,8 +196,8 @@ def test_argument_errors(tmp_path):
 
 
 def brute_force_auc(labels, scores) -> float:
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
     wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p in pos for n in neg)
     return wins / (len(pos) * len(neg))
 
@@ -249,7 +251,8 @@ def test_place_moves_batches_to_the_device(tmp_path):
         return {}
 
     summary = Executor(place="meta").infer_from_dataset(model, dataset, fetch_list=[], thread=1)
-    assert devices == [("meta", "meta", 20)] * 2 and summary.records == 40 and summary.mean_loss is None
+    assert devices == [("meta", "meta", 20)] * 2
+    assert summary.records == 40 and summary.mean_loss is None
 
 
 def test_infer_prints_the_default_loss_only_when_there_is_one(tmp_path, capsys):

@@ -80,7 +80,7 @@ def test_hostile_file_names_are_just_files(hostile_dir: Path, pipe_command: str,
     got = dataset.to_arrow().to_pylist()
     want = [small_record(10 * i + k) for i in range(len(HOSTILE_NAMES)) for k in range(3)]
     assert len(got) == len(want)
-    for row, record in zip(got, want):
+    for row, record in zip(got, want, strict=True):
         assert row["ids"] == record["ids"] and row["signed"] == record["signed"]
         assert row["label"] == record["label"]
         assert row["dense"] == pytest.approx(record["dense"])
@@ -329,7 +329,8 @@ def test_a_cache_of_s3_files_is_reused_and_goes_stale_when_an_object_changes(
     assert again == first and stats.per_file[0].path == uri  # read from the cache
     time.sleep(1.1)  # S3 mtimes have a one-second resolution
     _upload(client, "cached/a.txt", "".join(small_line(i) for i in range(7)).encode())
-    with pytest.raises(CacheError, match=r"stale cache .*: source s3://.*cached/a\.txt\?endpoint.* changed .*size 200 -> 229"):
+    stale = r"stale cache .*: source s3://.*cached/a\.txt\?endpoint.* changed .*size 200 -> 229"
+    with pytest.raises(CacheError, match=stale):
         _load(InMemoryDataset, [uri], cache=str(cache_file))
 
 

@@ -241,7 +241,8 @@ def test_a_failed_peer_is_named_within_the_timeout(
         assert results[rank]["peers"] == [2], error
         assert "not answering: rank 2" in error
         # The group's timeout (4 s when stalled) and the 3 s liveness probe.
-        assert results[rank]["seconds"] < 30  # about 7 s idle; a loaded 2-core CI machine takes longer
+        # About 7 s idle; a loaded 2-core CI machine takes longer.
+        assert results[rank]["seconds"] < 30
 
 
 def test_without_a_process_group_it_is_a_local_shuffle(small_files: list[str]) -> None:

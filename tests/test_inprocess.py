@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import PYTHON, REPO, REAL_DATA, child_pids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import PYTHON, REAL_DATA, REPO, child_pids
 
 from datafeed import (
     InMemoryDataset,
@@ -197,7 +197,9 @@ def rows_of(chunks):
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(table=samples(), skip=st.booleans())
 def test_random_samples_match_format_then_parse(tmp_path, table, skip):
     try:
@@ -262,7 +264,11 @@ def reader_with(tmp_path, bad: str):
 
 def test_a_value_the_schema_refuses_is_a_parse_error_naming_file_line_and_slot(tmp_path):
     script, generator, data = reader_with(tmp_path, "1.5")
-    with pytest.raises(ParseError, match=r"line 4, slot 'label': expected an integer \(int64 slots do not take floats\), found b'1.5'") as pipe:
+    refused = (
+        r"line 4, slot 'label': expected an integer \(int64 slots do not take floats\), "
+        r"found b'1.5'"
+    )
+    with pytest.raises(ParseError, match=refused) as pipe:
         load(SLOTS, [data], command=f"{PYTHON} {script}")
     with pytest.raises(ParseError) as inproc:
         load(SLOTS, [data], generator=generator)
@@ -294,7 +300,8 @@ def test_the_generators_own_exception_comes_back_with_its_line(tmp_path):
     data.write_text("0\nnot a number\n")
     with pytest.raises(ValueError, match="invalid literal for int") as raised:
         load(SLOTS, [data], generator=generator)
-    assert any("input line 2 of" in note and "'not a number" in note for note in raised.value.__notes__)
+    notes = raised.value.__notes__
+    assert any("input line 2 of" in note and "'not a number" in note for note in notes)
 
 
 def test_a_worker_that_dies_is_a_reader_error(tmp_path):
@@ -305,7 +312,8 @@ def test_a_worker_that_dies_is_a_reader_error(tmp_path):
         def generate_sample(self, line):
             os._exit(7)
 
-    with pytest.raises(ReaderError, match=r"worker process died \(exit code 7\) while Dies was reading"):
+    died = r"worker process died \(exit code 7\) while Dies was reading"
+    with pytest.raises(ReaderError, match=died):
         load(SLOTS, [data], generator=Dies)
 
 
@@ -355,5 +363,6 @@ def test_interrupting_a_load_leaves_no_worker(tmp_path):
 
 def test_data_generator_must_be_a_generator():
     ds = InMemoryDataset()
-    with pytest.raises(SchemaError, match="'data_generator' setting must be a generators.DataGenerator"):
+    expected = "'data_generator' setting must be a generators.DataGenerator"
+    with pytest.raises(SchemaError, match=expected):
         ds.init(use_var=SLOTS, data_generator=lambda line: line)

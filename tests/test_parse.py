@@ -61,7 +61,7 @@ def chunk_records(chunk: Any) -> list[tuple[tuple[int, ...], ...]]:
             o = column.offsets.tolist()
             assert o[0] == 0 and len(o) == chunk.rows + 1
             per_slot.append([tuple(values[o[i] : o[i + 1]]) for i in range(chunk.rows)])
-    return [tuple(slots) for slots in zip(*per_slot)] if per_slot else []
+    return [tuple(slots) for slots in zip(*per_slot, strict=True)] if per_slot else []
 
 
 def feed_in_pieces(

@@ -7,6 +7,7 @@ import gzip
 import io
 import signal
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 from support import SMALL_SCHEMA, small_line
@@ -33,6 +34,11 @@ def run_to_end(process: PipeProcess) -> bytes:
         process.close()
 
 
+def opened(path: Path) -> BinaryIO:
+    """``path`` open for reading, for a PipeProcess, which owns and closes its source."""
+    return open(path, "rb")
+
+
 @pytest.fixture
 def text_file(tmp_path: Path) -> Path:
     path = tmp_path / "input.txt"
@@ -53,7 +59,7 @@ def test_describe_exit_names_the_status_or_the_signal():
 
 def test_a_pipe_command_killed_by_a_signal_names_the_signal(text_file: Path):
     command = "cat > /dev/null; kill -TERM $$"
-    process = PipeProcess(command, open(text_file, "rb"), name="input.txt")
+    process = PipeProcess(command, opened(text_file), name="input.txt")
     with pytest.raises(ReaderError) as caught:
         run_to_end(process)
     error = caught.value
@@ -79,7 +85,7 @@ def test_a_download_command_killed_by_a_signal_names_the_signal():
 
 def test_a_failed_command_quotes_only_the_last_stderr_lines(text_file: Path):
     command = "for i in $(seq 1 100); do echo err $i >&2; done; exit 3"
-    process = PipeProcess(command, open(text_file, "rb"), name="input.txt")
+    process = PipeProcess(command, opened(text_file), name="input.txt")
     with pytest.raises(ReaderError) as caught:
         run_to_end(process)
     expected_tail = "\n".join(f"err {i}" for i in range(81, 101))
@@ -95,7 +101,7 @@ def test_a_failed_command_quotes_only_the_last_stderr_lines(text_file: Path):
 def test_the_stderr_tail_is_bounded_in_bytes_too(text_file: Path):
     # One 100 kB line of stderr: only the end of the file is read for the tail.
     command = "head -c 100000 /dev/zero | tr '\\0' x >&2; exit 1"
-    process = PipeProcess(command, open(text_file, "rb"), name="input.txt")
+    process = PipeProcess(command, opened(text_file), name="input.txt")
     with pytest.raises(ReaderError) as caught:
         run_to_end(process)
     assert caught.value.stderr_tail == "x" * STDERR_TAIL_BYTES
@@ -106,7 +112,7 @@ def test_the_stderr_tail_is_bounded_in_bytes_too(text_file: Path):
 
 def test_a_local_file_byte_range_is_exactly_those_bytes(text_file: Path):
     data = text_file.read_bytes()
-    process = PipeProcess("cat", open(text_file, "rb"), name="r", start=100, end=2345)
+    process = PipeProcess("cat", opened(text_file), name="r", start=100, end=2345)
     assert run_to_end(process) == data[100:2345]
 
 
@@ -136,7 +142,7 @@ def test_a_byte_range_of_a_stream_is_refused_and_the_stream_closed():
 
 
 def test_close_stops_a_command_that_is_still_running(text_file: Path):
-    process = PipeProcess("sleep 600", open(text_file, "rb"), name="input.txt")
+    process = PipeProcess("sleep 600", opened(text_file), name="input.txt")
     process.close()  # conftest checks that no child is left behind
     assert process.process.returncode == -signal.SIGKILL
 

@@ -70,7 +70,8 @@ def batches(worker: int, n: int, batch: int = 50, vocab: int = 400):
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         logit = np.add.reduceat(weights[picks], offsets[:-1])
         label = (rng.random(batch) < 1 / (1 + np.exp(-logit))).astype(np.float32)
-        out.append((Ragged(torch.from_numpy(keys[picks]), torch.from_numpy(offsets)), torch.from_numpy(label)))
+        ids = Ragged(torch.from_numpy(keys[picks]), torch.from_numpy(offsets))
+        out.append((ids, torch.from_numpy(label)))
     return out
 
 
@@ -82,7 +83,8 @@ def auc(model: nn.Module, data) -> float:
     labels = torch.cat([y for _, y in data]).numpy() > 0.5
     ranks = np.empty(len(scores))
     ranks[np.argsort(scores, kind="mergesort")] = np.arange(1, len(scores) + 1)
-    return float((ranks[labels].sum() - labels.sum() * (labels.sum() + 1) / 2) / (labels.sum() * (~labels).sum()))
+    positives, negatives = labels.sum(), (~labels).sum()
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
 def loss_of(model: nn.Module, x, y) -> torch.Tensor:
@@ -108,7 +110,7 @@ def job_main(config: dict) -> None:
     runtime.init_worker()
     out["init"] = time.time()
     data = batches(role.index, config["records"])
-    for epoch in range(config.get("epochs", 1)):
+    for _ in range(config.get("epochs", 1)):
         for x, y in data:
             loss_of(model, x, y).backward()
             opt.step()
@@ -122,9 +124,8 @@ def job_main(config: dict) -> None:
     if role.index == 0:
         runtime.refresh()  # the other workers' last pushes
         out["auc"] = auc(model, batches(-1, 2000))
-        out["sizes"] = [
-            runtime.servers.call(s, transport_handler("table_size"), "ps_emb") for s in range(len(eps))
-        ]
+        table_size = transport_handler("table_size")
+        out["sizes"] = [runtime.servers.call(s, table_size, "ps_emb") for s in range(len(eps))]
         if config.get("save"):
             runtime.save_persistables(config["save"])
     out["saved"] = time.time()
@@ -228,14 +229,14 @@ def test_sync_equals_local_training_on_both_workers_batches(mode_results):
     opt = runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
     data = [batches(0, 2000), batches(1, 2000)]
     for _ in range(2):
-        for (x0, y0), (x1, y1) in zip(*data):
+        for (x0, y0), (x1, y1) in zip(*data, strict=True):
             ((loss_of(model, x0, y0) + loss_of(model, x1, y1)) / 2).backward()
             opt.step()
             opt.zero_grad()
     sparse.local_store().clear()
     loaded = Model()
     load_local(loaded, mode_results["sync"]["ckpt"])
-    for a, b in zip(model.parameters(), loaded.parameters()):
+    for a, b in zip(model.parameters(), loaded.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     x = batches(-1, 500)[0][0]
     model.eval()

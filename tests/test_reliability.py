@@ -20,7 +20,8 @@ FUZZER = Path(__file__).with_name("parser_fuzz.py")
 
 def test_fuzzed_input_parses_like_the_reference_and_never_crashes():
     done = subprocess.run(
-        [PYTHON, str(FUZZER), "4", "20261122"], capture_output=True, text=True, timeout=120, check=False
+        [PYTHON, str(FUZZER), "4", "20261122"],
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
@@ -82,7 +83,9 @@ def test_repeated_load_shuffle_iterate_keeps_memory_flat(tmp_path):
         path.write_text(block * 150)
         paths.append(str(path))
     script = SOAK.format(tests=str(Path(__file__).parent), epochs=8)
-    done = subprocess.run([PYTHON, "-c", script, *paths], capture_output=True, text=True, timeout=180, check=False)
+    done = subprocess.run(
+        [PYTHON, "-c", script, *paths], capture_output=True, text=True, timeout=180, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     soak = json.loads(done.stdout.strip().splitlines()[-1])
     assert soak["records"] == [300_000] * 8  # every epoch sees every record
@@ -91,7 +94,10 @@ def test_repeated_load_shuffle_iterate_keeps_memory_flat(tmp_path):
     # Flat after the first epoch: a leak of one store per epoch would add 7 stores.
     assert max(loaded[1:]) < loaded[0] + 0.75 * store, soak
     # release_memory gives most of the store back to the operating system.
-    median = lambda values: sorted(values)[len(values) // 2]
+
+    def median(values):
+        return sorted(values)[len(values) // 2]
+
     assert median(released) < median(loaded) - 0.5 * store, soak
 
 
@@ -141,7 +147,9 @@ def test_a_full_disk_while_writing_the_cache_is_a_clear_error_and_leaves_nothing
     assert out.get("errno") == errno.EFBIG, out
     assert f"could not write the cache {cache}" in out["message"], out
     assert "6000 records loaded stay in memory" in out["message"], out
-    assert out["left"] == [], f"expected no cache and no temporary file in {caches}, found {out['left']}"
+    assert out["left"] == [], (
+        f"expected no cache and no temporary file in {caches}, found {out['left']}"
+    )
     assert out["records"] == 6000
     # With room on the disk, the next load writes the cache and the one after reads it.
     def load() -> InMemoryDataset:
@@ -202,15 +210,19 @@ def _assert_adds_up(stats, paths: list[str]) -> None:
     """Per file: the exact counts written, lines == records + skipped, and the
     reasons add up to the skipped lines."""
     assert [f.path for f in stats.per_file] == paths
-    for f, (good, bad) in zip(stats.per_file, ACCOUNTING_FILES):
+    for f, (good, bad) in zip(stats.per_file, ACCOUNTING_FILES, strict=True):
         expected = (good + sum(bad.values()), good, sum(bad.values()), bad)
         found = (f.lines, f.records, f.skipped_lines, f.skipped_reasons)
-        assert found == expected, f"{f.path}: expected (lines, records, skipped, reasons) {expected}, found {found}"
+        assert found == expected, (
+            f"{f.path}: expected (lines, records, skipped, reasons) {expected}, found {found}"
+        )
         assert f.lines == f.records + f.skipped_lines
     assert stats.lines == stats.records + stats.skipped_lines == 131
     assert stats.records == 120 and stats.files == 3
-    assert stats.skipped_reasons == {"blank_line": 2, "missing_slot": 1, "bad_count": 1, "not_a_number": 2,
-                                     "negative_uint64": 1, "dense_count_mismatch": 1, "trailing_tokens": 3}
+    assert stats.skipped_reasons == {
+        "blank_line": 2, "missing_slot": 1, "bad_count": 1, "not_a_number": 2,
+        "negative_uint64": 1, "dense_count_mismatch": 1, "trailing_tokens": 3,
+    }
 
 
 @pytest.mark.parametrize("pipe_command", ["cat", "cat -"], ids=["direct", "pipe"])
@@ -232,7 +244,8 @@ def test_a_load_accounts_for_every_line_per_file_and_logs_it(tmp_path, caplog, p
     assert sum(batch.size for batch in ds) == 120  # every record counted is delivered
     assert "loaded 3 files: 131 lines = 120 records + 11 skipped lines" in caplog.text
     # The files with skipped lines are named at INFO with their reasons.
-    assert f"{paths[0]}: 53 lines = 50 records + 3 skipped (blank_line 2, missing_slot 1)" in caplog.text
+    assert (f"{paths[0]}: 53 lines = 50 records + 3 skipped "
+            "(blank_line 2, missing_slot 1)") in caplog.text
     assert (f"{paths[2]}: 38 lines = 30 records + 8 skipped (bad_count 1, dense_count_mismatch 1, "
             "negative_uint64 1, not_a_number 2, trailing_tokens 3)") in caplog.text
     assert f"{paths[1]}:" not in caplog.text  # a clean file only at DEBUG
@@ -269,12 +282,15 @@ def test_queue_passes_and_train_from_dataset_account_for_every_line(tmp_path, ca
         _assert_adds_up(queue.stats(), paths)
     for dataset in (queue, InMemoryDataset()):
         if isinstance(dataset, InMemoryDataset):
-            dataset.init(batch_size=8, thread_num=2, use_var=SMALL_SCHEMA, on_bad_line="skip", progress=False)
+            dataset.init(batch_size=8, thread_num=2, use_var=SMALL_SCHEMA, on_bad_line="skip",
+                         progress=False)
             dataset.set_filelist(paths)
             dataset.load_into_memory()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="trainer.executor"):
-            summary = Executor().train_from_dataset(model, dataset, optimizer, thread=2, fetch_list=[])
+            summary = Executor().train_from_dataset(
+                model, dataset, optimizer, thread=2, fetch_list=[]
+            )
         assert summary.records == 120 and summary.batches == 15
         assert summary.input is dataset.stats()
         _assert_adds_up(summary.input, paths)
@@ -294,8 +310,11 @@ def test_a_load_whose_counts_do_not_add_up_is_an_error_naming_the_file(tmp_path,
     paths = _accounting_files(tmp_path)
     # A parser that loses count of one kind of skipped line.
     real = ChunkParser.skipped_reasons.fget
-    monkeypatch.setattr(ChunkParser, "skipped_reasons",
-                        property(lambda self: {k: v for k, v in real(self).items() if k != "not_a_number"}))
+
+    def reasons_without_not_a_number(self):
+        return {k: v for k, v in real(self).items() if k != "not_a_number"}
+
+    monkeypatch.setattr(ChunkParser, "skipped_reasons", property(reasons_without_not_a_number))
     ds = InMemoryDataset()
     ds.init(batch_size=8, use_var=SMALL_SCHEMA, on_bad_line="skip", progress=False)
     ds.set_filelist(paths)
@@ -432,7 +451,10 @@ def test_a_worker_killed_during_global_shuffle_stops_the_fleetrun_job(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(repo))
     started = time.monotonic()
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "trainer.launch", "--nproc_per_node=3", str(script), str(tmp_path), str(repo)],
+        [
+            sys.executable, "-m", "trainer.launch", "--nproc_per_node=3",
+            str(script), str(tmp_path), str(repo),
+        ],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
@@ -448,7 +470,8 @@ def test_a_worker_killed_during_global_shuffle_stops_the_fleetrun_job(tmp_path):
     assert "rank 2: SIGKILL after the first round" in output
     # fleetrun's failure summary (torchrun's) names the dead worker as the root cause.
     root = output[output.find("Root Cause"):]
-    assert re.search(r"rank\s+: 2 \(local_rank: 2\)\s+exitcode\s+: -9 .*\(SIGKILL\)", root), output[-4000:]
+    dead_rank = r"rank\s+: 2 \(local_rank: 2\)\s+exitcode\s+: -9 .*\(SIGKILL\)"
+    assert re.search(dead_rank, root), output[-4000:]
     # Each survivor's log holds its GlobalShuffleError naming the dead rank.
     for rank in (0, 1):
         assert re.search(
@@ -519,7 +542,8 @@ else:
     fleet.init()
     torch.manual_seed(0)
     model = SparseEmbedding(4, "bind_emb")
-    optimizer = fleet.distributed_optimizer(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1))
+    placeholder = torch.zeros(1, requires_grad=True)
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD([placeholder], lr=0.1))
     if fleet.is_server():
         fleet.init_server()
         open(os.path.join(out, f"ready-{os.getpid()}"), "w").close()
@@ -600,7 +624,10 @@ def test_a_single_machine_fleetrun_job_listens_on_loopback_only(tmp_path, mode):
     script.write_text(BIND_JOB)
     args = ["--nproc_per_node=2"] if mode == "collective" else ["--server_num=2", "--worker_num=2"]
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "trainer.launch", *args, str(script), str(tmp_path), mode, str(repo)],
+        [
+            sys.executable, "-m", "trainer.launch", *args,
+            str(script), str(tmp_path), mode, str(repo),
+        ],
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(repo)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
@@ -624,4 +651,6 @@ def test_a_single_machine_fleetrun_job_listens_on_loopback_only(tmp_path, mode):
     assert listening and {pid for pid, _, _ in listening} & job_pids, listening
     # ...and only on the loopback interface.
     exposed = [(pid, address, port) for pid, address, port in listening if address != "127.0.0.1"]
-    assert not exposed, f"expected every listening socket on 127.0.0.1, found {exposed} (all: {listening})"
+    assert not exposed, (
+        f"expected every listening socket on 127.0.0.1, found {exposed} (all: {listening})"
+    )

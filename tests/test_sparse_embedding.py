@@ -47,7 +47,7 @@ def test_index_matches_a_dict(ids, batches):
     for part in np.array_split(keys, batches):
         new = part[index.lookup(part) < 0]
         rows = index.insert_new(new)
-        expected.update(zip(new.tolist(), rows.tolist()))
+        expected.update(zip(new.tolist(), rows.tolist(), strict=True))
     assert index.size == len(expected)
     assert index.lookup(keys).tolist() == [expected[k] for k in keys.tolist()]
     absent = np.array([k for k in range(50) if k not in expected], dtype=np.uint64)
@@ -247,9 +247,8 @@ def synthetic(n: int, seed: int, vocab: int = 300) -> list[tuple[Ragged, torch.T
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         logit = np.add.reduceat(weights[picks], offsets[:-1])
         label = (rng.random(50) < 1 / (1 + np.exp(-logit))).astype(np.float32)
-        batches.append(
-            (Ragged(torch.from_numpy(keys[picks]), torch.from_numpy(offsets)), torch.from_numpy(label))
-        )
+        ids = Ragged(torch.from_numpy(keys[picks]), torch.from_numpy(offsets))
+        batches.append((ids, torch.from_numpy(label)))
     return batches
 
 
@@ -293,7 +292,10 @@ def test_local_runtime_trains_saves_and_loads(tmp_path):
     runtime.save_persistables(str(tmp_path / "ckpt"))
     runtime.save_persistables(str(tmp_path / "ckpt"))  # overwrite in place
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        "dense.shard0.pt", "meta.json", f"sparse.{prefix}emb.shard0.pt", f"sparse.{prefix}wide.shard0.pt",
+        "dense.shard0.pt",
+        "meta.json",
+        f"sparse.{prefix}emb.shard0.pt",
+        f"sparse.{prefix}wide.shard0.pt",
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no staging left
     saved = torch.load(tmp_path / "ckpt" / f"sparse.{prefix}emb.shard0.pt", weights_only=True)

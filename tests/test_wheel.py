@@ -16,7 +16,6 @@ import venv
 from pathlib import Path
 
 import pytest
-
 from support import REPO
 
 pytestmark = pytest.mark.slow

@@ -202,7 +202,7 @@ def all_gather_bytes(data: bytes) -> list[bytes]:
     mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
     parts = [torch.empty_like(mine) for _ in range(_world())]
     _wait(dist.all_gather(parts, mine, async_op=True), "all_gather of bytes")
-    return [bytes(part[: int(s.item())].numpy()) for part, s in zip(parts, sizes)]
+    return [bytes(part[: int(s.item())].numpy()) for part, s in zip(parts, sizes, strict=True)]
 
 
 # -- model-parallel pieces with autograd ------------------------------------------

@@ -395,7 +395,7 @@ class _Run:
             if loss_value is not None:
                 self.loss_sum += loss_value
                 self.loss_batches += 1
-            for phase, seconds in zip(_PHASES, phases):
+            for phase, seconds in zip(_PHASES, phases, strict=True):
                 self.timings[phase] += seconds
             if self.fetch_handler is not None:
                 self.fetch_handler(detached)
@@ -411,7 +411,7 @@ class _Run:
             f"time: [{time.strftime('%Y-%m-%d %H:%M:%S')}]",
             f"batch: [{self.batches}]",
         ]
-        for name, label in zip(self.names, self.labels):
+        for name, label in zip(self.names, self.labels, strict=True):
             if name not in outputs:
                 continue  # the default "loss", absent in inference
             values = outputs[name].reshape(-1).tolist()

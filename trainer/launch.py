@@ -26,6 +26,7 @@ its store listening on ``--master_addr`` only (``trainer.job.bind``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
@@ -163,10 +164,8 @@ def _start(name: str, command: list[str], env: dict[str, str], log_path: str) ->
 
 
 def _signal_group(child: _Child, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.process.pid, signum)  # its own session: the child and its children
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _stop_all(children: Sequence[_Child]) -> None:
@@ -177,10 +176,8 @@ def _stop_all(children: Sequence[_Child]) -> None:
         _signal_group(child, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     for child in children:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.process.wait(max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            pass
     for child in children:
         _signal_group(child, signal.SIGKILL)  # also reaps grandchildren left behind
         child.process.wait()
@@ -251,7 +248,7 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
         print(f"fleetrun: started {len(servers)} servers at {','.join(servers)}", flush=True)
 
         deadline = time.monotonic() + args.start_timeout
-        waiting = list(zip(servers, children))
+        waiting = list(zip(servers, children, strict=True))
         while waiting:
             for child in children:
                 if child.process.poll() is not None:

@@ -13,7 +13,8 @@ import types
 from paddle.distributed.fleet import MultiSlotDataGenerator
 
 sys.modules["generators"] = types.SimpleNamespace(MultiSlotDataGenerator=MultiSlotDataGenerator)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "criteo"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "criteo"))
 
 from reader import CriteoReader
 

@@ -19,6 +19,7 @@ agent's store, as with torch's own ``tcp://`` rendezvous.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -93,10 +94,9 @@ def _handler(
     raise RuntimeError(f"Unable to perform re-rendezvous using {SCHEME}:// method")
 
 
-try:
+# RuntimeError: registered already (this module run as __main__ and imported).
+with contextlib.suppress(RuntimeError):
     register_rendezvous_handler(SCHEME, _handler)
-except RuntimeError:  # registered already (this module run as __main__ and imported)
-    pass
 
 
 def main() -> None:

@@ -95,7 +95,7 @@ def dense_values(dirname: str) -> dict[int, torch.Tensor]:
     out: dict[int, torch.Tensor] = {}
     for path in sorted(glob.glob(os.path.join(glob.escape(dirname), "dense.shard*.pt"))):
         shard = load_file(path)
-        for index, value in zip(shard["indices"].tolist(), shard["params"]):
+        for index, value in zip(shard["indices"].tolist(), shard["params"], strict=True):
             out[int(index)] = value
     return out
 

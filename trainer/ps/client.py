@@ -73,7 +73,9 @@ class RemoteStore:
         followers = self._followers.get(config.name, ())
         rows = self._fetch((config, *followers), ids, training)
         if followers:
-            local.prefetched = {c.name: (ids, training, r) for c, r in zip(followers, rows[1:])}
+            local.prefetched = {
+                c.name: (ids, training, r) for c, r in zip(followers, rows[1:], strict=True)
+            }
         return rows[0]
 
     def _fetch(
@@ -92,7 +94,7 @@ class RemoteStore:
                 )))
         for s, positions, future in futures:
             index = torch.from_numpy(positions)
-            for out, part in zip(outs, self.servers.wait(s, future, "pull_tables")):
+            for out, part in zip(outs, self.servers.wait(s, future, "pull_tables"), strict=True):
                 out[index] = part
         return outs
 
