@@ -7,12 +7,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetfeed-installed
-SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx generators/*.pyx trainer/ps/*.pyx)
+SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx datafeed/*.pxd generators/*.pyx generators/*.pxd trainer/ps/*.pyx)
 # The linters `make lint` runs, pinned: a new release's new rules must not fail CI.
 LINTERS := ruff==0.17.6 cython-lint==0.22.1
 CYTHON_FILES := $(sort $(wildcard datafeed/*.pyx datafeed/*.pxd generators/*.pyx generators/*.pxd trainer/ps/*.pyx trainer/ps/*.pxd))
 
-.PHONY: all install build demo lint test test-pythons bench bench-paddle bench-paddle-ps bench-ps clean
+.PHONY: all install build demo lint test test-pythons smoke-oldest bench bench-paddle bench-paddle-ps bench-ps clean
 
 all: test
 
@@ -55,6 +55,22 @@ test-pythons:
 	  echo "== Python $(v): $(call find_python,$(v))" && \
 	  $(MAKE) --no-print-directory test PYTHON=$(call find_python,$(v)) VENV=.venv-$(v) &&,\
 	  echo "== Python $(v): not installed, skipped" &&)) true
+
+# A fast check of the oldest supported Python, for CI: the engine's torch-free
+# tests (parser, cache, the datafeed command, child processes) in a venv without
+# torch, the extensions compiled for that interpreter. Skipped if it is absent.
+OLDEST_PYTHON := $(firstword $(SUPPORTED_PYTHONS))
+SMOKE_VENV := .venv-smoke-$(OLDEST_PYTHON)
+SMOKE_TESTS := tests/test_parse.py tests/test_cache.py tests/test_cli.py tests/test_process.py
+smoke-oldest:
+	@py=$(call find_python,$(OLDEST_PYTHON)); \
+	if [ -z "$$py" ]; then echo "== Python $(OLDEST_PYTHON): not installed, smoke skipped"; exit 0; fi; \
+	echo "== smoke of Python $(OLDEST_PYTHON): $$py"; \
+	set -e; test -x $(SMOKE_VENV)/bin/python || $$py -m venv $(SMOKE_VENV); \
+	$(SMOKE_VENV)/bin/python -m pip install --quiet "setuptools>=68" "Cython>=3.0" wheel \
+	  "numpy>=1.24" "pyarrow>=14" "multiprocess>=0.70" "tqdm>=4.60" "pytest>=7.4" "hypothesis>=6.80"; \
+	$(SMOKE_VENV)/bin/python -m pip install --quiet --no-build-isolation --no-deps -e .; \
+	$(SMOKE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SMOKE_TESTS)
 
 # Benchmarks are not tests: they print figures and write benchmarks/RESULTS.md.
 # Paddle runs in its own virtual environment (it pins its own numpy/protobuf).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple, Protocol
 
-from .batch import Batch, BatchBuilder, concat_rows
+from .batch import Batch, BatchBuilder
 from .columns import RecordChunk
 from .slots import SlotSchema
 
@@ -82,8 +82,7 @@ class Batcher:
         if len(pieces) == 1:
             chunk, start, stop, _ = pieces[0]
             return self._builder.from_chunk(chunk, start, stop)
-        rows = [(chunk, start, stop) for chunk, start, stop, _ in pieces]
-        return self._builder.from_chunk(concat_rows(rows), 0, sum(b - a for _, a, b in rows))
+        return self._builder.from_pieces([(chunk, start, stop) for chunk, start, stop, _ in pieces])
 
     def batches(
         self, ranges: Iterable[Piece], counter: Counter, limit: int | None = None
