@@ -102,11 +102,6 @@ class Batch(Mapping[str, SlotTensor]):
         return f"Batch(size={self.size}, slots=[{', '.join(self._slots)}])"
 
 
-def _as_signed(values: np.ndarray) -> np.ndarray:
-    # torch has no uint64 arithmetic worth using; Paddle delivers the same bits as int64.
-    return values.view(np.int64) if values.dtype == np.uint64 else values
-
-
 class BatchBuilder:
     """Turns row ranges of record chunks into ``Batch`` objects for one schema."""
 
@@ -114,7 +109,13 @@ class BatchBuilder:
         import torch  # here, not at module level: `import datafeed` stays torch-free
 
         self._torch = torch
-        self._schema = schema
+        # What from_chunk needs of each slot, read once (it runs per batch per slot).
+        # uint64 ids are viewed as int64: torch has no uint64 arithmetic worth
+        # using, and Paddle delivers the same bits as int64.
+        self._slots = [
+            (slot.name, slot.is_dense, slot.shape, slot.numpy_dtype == np.uint64)
+            for slot in schema
+        ]
         self._offsets_cache: dict[tuple[int, int], torch.Tensor] = {}
 
     def _uniform_offsets(self, size: int, width: int) -> torch.Tensor:
@@ -134,22 +135,26 @@ class BatchBuilder:
         size = stop - start
         from_numpy = self._torch.from_numpy
         slots: dict[str, SlotTensor] = {}
-        for slot, column in zip(self._schema, chunk.columns, strict=True):
-            if column.offsets is None:
+        for (name, dense, shape, unsigned), column in zip(
+            self._slots, chunk.columns, strict=True
+        ):
+            off = column.offsets
+            if off is None:
                 w = column.width
-                values = from_numpy(_as_signed(column.values[start * w : stop * w]))
-                if slot.is_dense:
-                    slots[slot.name] = values.view(size, *slot.shape)
-                else:
-                    slots[slot.name] = Ragged(values, self._uniform_offsets(size, w))
+                values = column.values[start * w : stop * w]
             else:
-                off = column.offsets
                 lo, hi = int(off[start]), int(off[stop])
+                values = column.values[lo:hi]
+            values = from_numpy(values.view(np.int64) if unsigned else values)
+            if dense:
+                slots[name] = values.view(size, *shape)
+            elif off is None:
+                slots[name] = Ragged(values, self._uniform_offsets(size, w))
+            else:
                 # Rebased and widened to torch's int64 in one pass (the store
                 # keeps int32 offsets: 4 bytes per record per slot less).
                 offsets = np.subtract(off[start : stop + 1], lo, dtype=np.int64)
-                values = from_numpy(_as_signed(column.values[lo:hi]))
-                slots[slot.name] = Ragged(values, from_numpy(offsets))
+                slots[name] = Ragged(values, from_numpy(offsets))
         return Batch(slots, size)
 
     def from_pieces(self, pieces: list[tuple[RecordChunk, int, int]]) -> Batch:
