@@ -25,6 +25,13 @@ __all__ = [
 ]
 
 
+# Paddle's other dataset kinds, which need its C++ feeds.
+_ONLY_IN_PADDLE = {
+    "FileInstantDataset": "reads Paddle's binary instant-feed files (GPU builds of Paddle only)",
+    "BoxPSDataset": "needs Paddle's BoxPS",
+}
+
+
 class DatasetFactory:
     """Paddle's factory: ``DatasetFactory().create_dataset("InMemoryDataset")``."""
 
@@ -35,7 +42,12 @@ class DatasetFactory:
 
     def create_dataset(self, datafeed_class: str = "QueueDataset") -> DatasetBase:
         """A new ``InMemoryDataset`` or ``QueueDataset``, by class name (``ValueError``
-        for another)."""
+        for another; ``NotImplementedError`` for Paddle's C++-only kinds)."""
+        if datafeed_class in _ONLY_IN_PADDLE:
+            raise NotImplementedError(
+                f"{datafeed_class} {_ONLY_IN_PADDLE[datafeed_class]}; use InMemoryDataset "
+                "or QueueDataset"
+            )
         try:
             return self._classes[datafeed_class]()
         except KeyError:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from . import fs
 from .errors import SchemaError
 from .inprocess import InProcessPool
+from .paddle_compat import PaddleDatasetBase
 from .position import Position
 from .readers import DEFAULT_CHUNK_ROWS, ReaderPool
 from .settings import FLEETFEED_SETTINGS, PADDLE_SETTINGS, Settings
@@ -23,8 +24,11 @@ from .stats import LoadStats
 logger = logging.getLogger("datafeed")
 
 
-class DatasetBase:
-    """Settings, file list and load accounting shared by both dataset kinds."""
+class DatasetBase(PaddleDatasetBase):
+    """Settings, file list and load accounting shared by both dataset kinds.
+
+    Paddle's ``_set_*`` setters and plain attributes come from
+    ``PaddleDatasetBase`` (datafeed/paddle_compat.py)."""
 
     _extra_settings: ClassVar[dict[str, Any]] = {}
 
@@ -122,13 +126,28 @@ class DatasetBase:
 
     @property
     def batch_size(self) -> int:
-        """Records per batch (the ``batch_size`` setting)."""
+        """Records per batch (the ``batch_size`` setting; assignable, as in Paddle)."""
         return self._settings["batch_size"]
+
+    @batch_size.setter
+    def batch_size(self, batch_size: int) -> None:
+        self.update_settings(batch_size=batch_size)
 
     @property
     def thread_num(self) -> int:
-        """Files read at once (the ``thread_num`` setting)."""
+        """Files read at once (the ``thread_num`` setting). Assignable, as Paddle's
+        plain attribute: ``dataset.thread_num = 0`` reads with one thread and makes
+        ``train_from_dataset`` ask for its ``thread=``, as in Paddle."""
         return self._settings["thread_num"]
+
+    @thread_num.setter
+    def thread_num(self, thread_num: int) -> None:
+        self.update_settings(thread_num=thread_num)
+
+    @property
+    def _reader_threads(self) -> int:
+        """Threads that read (Paddle's thread_num <= 0 reads with one)."""
+        return max(1, self._settings["thread_num"])
 
     # Paddle 1.x / fluid setters, kept so that older scripts run.
     def set_batch_size(self, batch_size: int) -> None:
@@ -217,7 +236,7 @@ class DatasetBase:
                 self._filelist,
                 s["data_generator"],
                 self.schema,
-                threads=thread_num or s["thread_num"],
+                threads=thread_num or self._reader_threads,
                 skip_bad_lines=s["on_bad_line"] == "skip",
                 max_line_bytes=s["max_line_bytes"],
                 chunk_rows=DEFAULT_CHUNK_ROWS,
@@ -226,7 +245,7 @@ class DatasetBase:
             self._filelist,
             s["pipe_command"],
             self.schema,
-            threads=thread_num or s["thread_num"],
+            threads=thread_num or self._reader_threads,
             skip_bad_lines=s["on_bad_line"] == "skip",
             max_line_bytes=s["max_line_bytes"],
             chunk_rows=DEFAULT_CHUNK_ROWS,

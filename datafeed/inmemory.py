@@ -19,6 +19,7 @@ from .columns import RecordChunk
 from .dataset_base import DatasetBase
 from .errors import CacheError, GlobalShuffleError, SchemaError
 from .memory import release_free_memory
+from .paddle_compat import PaddleInMemoryDataset
 from .progress import LoadProgress, progress_enabled
 from .settings import INMEMORY_SETTINGS
 from .stats import FileStats
@@ -27,8 +28,11 @@ from .store import RecordStore
 logger = logging.getLogger("datafeed")
 
 
-class InMemoryDataset(DatasetBase):
+class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
     """Loads every file into memory; shuffles; iterates batches for any number of epochs.
+
+    Paddle's InMemoryDataset setters (``_init_distributed_settings``,
+    ``_set_*``) come from ``PaddleInMemoryDataset`` (datafeed/paddle_compat.py).
 
     Example:
         >>> ds = InMemoryDataset()
@@ -51,6 +55,8 @@ class InMemoryDataset(DatasetBase):
         # What the records in memory came from, for save_cache().
         self._sources: list[cache.SourceFile] = []
         self._source_stats: list[FileStats] = []
+        # A global_shuffle() with no other worker: Paddle's shuffle count is then 0.
+        self._shuffled_alone = False
 
     # -- loading -----------------------------------------------------------------------
 
@@ -68,7 +74,7 @@ class InMemoryDataset(DatasetBase):
                 ``local_shuffle`` / ``global_shuffle``.
         """
         self._check_no_preload("load_into_memory")
-        self._load(self._settings["thread_num"])
+        self._load(self._reader_threads)
 
     def preload_into_memory(self, thread_num: int | None = None) -> None:
         """Starts loading in the background; ``wait_preload_done()`` finishes it."""
@@ -78,7 +84,7 @@ class InMemoryDataset(DatasetBase):
 
         def run() -> None:
             try:
-                self._load(thread_num or self._settings["thread_num"], show_progress=False)
+                self._load(thread_num or self._reader_threads, show_progress=False)
             except BaseException as error:  # noqa: BLE001 - re-raised in wait_preload_done
                 outcome["error"] = error
 
@@ -140,6 +146,7 @@ class InMemoryDataset(DatasetBase):
             )
         store.extend([chunk for chunks in per_file for chunk in chunks])
         self._store = store
+        self._shuffled_alone = False
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
@@ -219,6 +226,7 @@ class InMemoryDataset(DatasetBase):
             )
         store.extend(chunks)
         self._store = store
+        self._shuffled_alone = False
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
@@ -240,7 +248,8 @@ class InMemoryDataset(DatasetBase):
             seed = self._shuffles.next_seed(self._settings["seed"])
         self._shuffles.counter += 1
         rows = store.rows
-        self._store = shuffle.local_shuffle(store, seed, threads=self._settings["thread_num"])
+        self._store = shuffle.local_shuffle(store, seed, threads=self._reader_threads)
+        self._shuffled_alone = False
         self._note_shuffle(("local", seed), rows)
         del store
         release_free_memory()  # the unshuffled chunks
@@ -279,6 +288,7 @@ class InMemoryDataset(DatasetBase):
         workers = collectives.worker_num(fleet) if fleet is not None else world
         if workers <= 1 and world <= 1:
             self.local_shuffle(seed=seed)
+            self._shuffled_alone = True
             return
         if world != workers:
             raise GlobalShuffleError(
@@ -307,6 +317,7 @@ class InMemoryDataset(DatasetBase):
             self._store = store if store.rows == store_rows and store_rows else None
             raise
         self._shuffles.counter += 1
+        self._shuffled_alone = False
         self._note_shuffle(("global", seed, world), store_rows)
         release_free_memory()
 
@@ -424,7 +435,7 @@ class InMemoryDataset(DatasetBase):
             self._store = state.replay_shuffle(
                 store,
                 entry,
-                threads=self._settings["thread_num"],
+                threads=self._reader_threads,
                 send_batch_size=self._settings["fleet_send_batch_size"],
             )
         self._shuffles = state.restored_history(state_dict)
@@ -441,6 +452,7 @@ class InMemoryDataset(DatasetBase):
     def release_memory(self) -> None:
         """Drops the records and gives their memory back to the operating system."""
         self._store = None
+        self._shuffled_alone = False
         self._sources, self._source_stats = [], []
         self._shuffles.forget_order()
         self._position = self._new_position()
@@ -465,7 +477,18 @@ class InMemoryDataset(DatasetBase):
         return local
 
     def get_shuffle_data_size(self, fleet: Any = None) -> int:
-        """Records in memory after a shuffle (Paddle's name for the same count)."""
+        """Records in memory after a shuffle: ``get_memory_data_size(fleet)``, except
+        0 after a ``global_shuffle()`` with no other worker, as in Paddle.
+
+        Paddle counts the records a global shuffle delivered into its output
+        channels. With no fleet it still sends every record as a client-to-client
+        message to worker 0, and without a parameter-server worker client none
+        arrives: its count is 0 (and its records are gone). Here that shuffle is a
+        ``local_shuffle`` and the records stay: ``get_memory_data_size()`` counts
+        them, and a later load or shuffle makes this count them again.
+        """
+        if self._shuffled_alone and fleet is None:
+            return 0
         return self.get_memory_data_size(fleet)
 
     @property

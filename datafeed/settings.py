@@ -66,9 +66,7 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-_POSITIVE_INTS = (
-    "batch_size", "thread_num", "max_line_bytes", "fleet_send_batch_size", "candidate_size"
-)
+_POSITIVE_INTS = ("batch_size", "max_line_bytes", "fleet_send_batch_size", "candidate_size")
 
 
 def _is_number(value: Any, types: type | tuple[type, ...]) -> bool:
@@ -79,6 +77,18 @@ def _check(name: str, value: Any) -> Any:
     """Validates one setting; returns the value to store."""
     if name in _POSITIVE_INTS:
         return _positive_int(name, value)
+    if name == "thread_num":
+        # Paddle's plain attribute: 0 reads with one thread, and makes
+        # train_from_dataset ask for its own thread= (as in Paddle).
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SchemaError(f"the 'thread_num' setting must be an int >= 0, got {value!r}")
+        return value
+    if name == "fleet_send_sleep_seconds":
+        if not (_is_number(value, (int, float)) and value >= 0):
+            raise SchemaError(
+                f"the 'fleet_send_sleep_seconds' setting must be seconds >= 0, got {value!r}"
+            )
+        return value
     if name == "use_var":
         return SlotSchema(value)
     if name in ("pipe_command", "download_cmd", "fs_name", "fs_ugi", "data_feed_type"):

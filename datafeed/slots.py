@@ -113,6 +113,9 @@ def slot_from_var(var: Any) -> Slot:
     A Paddle-style variable has ``name``, ``dtype``, ``shape`` and ``lod_level``:
     ``lod_level == 0`` is a dense slot whose shape is ``shape`` without its batch
     dimension (a leading ``-1`` or ``None``); ``lod_level >= 1`` is a sparse slot.
+    A sparse int64 variable is a uint64 slot, as Paddle's ``_set_use_var`` makes
+    it: feature ids up to 2**64 - 1 parse, and its tensors are int64 with the
+    same bits (ids >= 2**63 read as negative).
     """
     if isinstance(var, Slot):
         return var
@@ -124,7 +127,8 @@ def slot_from_var(var: Any) -> Slot:
         )
     name = var.name
     if var.lod_level:
-        return Slot(name, var.dtype, None)
+        dtype = _normalize_dtype(var.dtype, f"variable {name!r}")
+        return Slot(name, "uint64" if dtype == "int64" else dtype, None)
     shape = list(var.shape or ())
     if shape and (shape[0] is None or shape[0] == -1):
         shape = shape[1:]

@@ -70,7 +70,7 @@ def test_unknown_setting_is_a_type_error_naming_it():
     "setting, value, message",
     [
         ("batch_size", 0, r"'batch_size' setting must be an int >= 1, got 0"),
-        ("thread_num", "2", r"'thread_num' setting must be an int >= 1, got '2'"),
+        ("thread_num", "2", r"'thread_num' setting must be an int >= 0, got '2'"),
         ("on_bad_line", "ignore", r"'on_bad_line' setting must be 'raise' or 'skip', got 'ignore'"),
         ("input_type", 1, r"input_type=1 \(one batch per line\) is not supported"),
         ("pipe_command", " ", "must be a shell command"),
@@ -88,7 +88,8 @@ def test_paddle_style_variables_become_slots(tmp_path):
     ]
     ds = InMemoryDataset()
     ds.init(use_var=variables)
-    assert list(ds.schema) == [Slot("dense", "float32", (3,)), Slot("ids", "int64")]
+    # Paddle's _set_use_var: a sparse int64 variable holds uint64 feature ids.
+    assert list(ds.schema) == [Slot("dense", "float32", (3,)), Slot("ids", "uint64")]
 
 
 def test_duplicate_slot_names_are_rejected():

@@ -256,7 +256,9 @@ def test_without_a_process_group_it_is_a_local_shuffle(small_files: list[str]) -
     a.global_shuffle(seed=4)
     b.local_shuffle(seed=4)
     assert a.to_arrow().equals(b.to_arrow())
-    assert a.get_memory_data_size() == a.get_shuffle_data_size() == 15
+    assert a.get_memory_data_size() == 15
+    # Paddle's count after a global shuffle with no other worker (the records stay here).
+    assert a.get_shuffle_data_size() == 0
 
 
 def test_a_fleet_of_several_workers_without_a_group_is_an_error(

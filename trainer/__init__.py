@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import fleet
+from .fetch_handler import FetchHandler
 from .job.errors import RoleError, ServerUnavailableError, TrainerError, WorkerFailedError
 from .job.role import ClusterRole, Role
 from .job.strategy import DistributedStrategy
@@ -23,6 +24,7 @@ __all__ = [
     "ClusterRole",
     "DistributedStrategy",
     "Executor",
+    "FetchHandler",
     "PaddleCloudRoleMaker",
     "Role",
     "RoleError",

@@ -19,12 +19,12 @@ Every ``print_period`` batches it prints Paddle's line to stdout:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,48 +32,14 @@ import torch
 from datafeed.memory import release_free_memory
 
 from . import fleet
+from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
+from .run_summary import RunSummary, input_stats, log_summary
 
-__all__ = ["Executor", "RunSummary"]
+__all__ = ["Executor", "FetchHandler", "RunSummary"]
 
 logger = logging.getLogger("trainer.executor")
 
 _PHASES = ("data_wait", "forward", "backward", "step")
-
-
-@dataclass
-class RunSummary:
-    """What one ``train_from_dataset`` / ``infer_from_dataset`` call did.
-
-    Attributes:
-        batches: batches processed (over all threads).
-        records: records in those batches.
-        mean_loss: mean of the per-batch ``"loss"`` values (None when the model
-            returned no loss, in inference).
-        seconds: wall-clock time of the call.
-        threads: worker threads used.
-        timings: seconds spent in each phase, summed over threads: ``data_wait``,
-            ``forward``, ``backward``, ``step`` (optimizer step / push).
-        last_fetch: the last batch's values of each ``fetch_list`` entry, by
-            ``fetch_info`` name.
-        input: the dataset's ``stats()`` at the end of the pass (a
-            ``datafeed.LoadStats``: for a QueueDataset, the lines, records and
-            skipped lines of this pass, per file; for an InMemoryDataset, those
-            of its last load), or None for a plain iterable.
-    """
-
-    batches: int
-    records: int
-    mean_loss: float | None
-    seconds: float
-    threads: int
-    timings: dict[str, float] = field(default_factory=dict)
-    last_fetch: dict[str, list[float]] = field(default_factory=dict)
-    input: Any = None
-
-    @property
-    def records_per_second(self) -> float:
-        """Records per second of wall-clock time (0.0 for a pass of no time)."""
-        return self.records / self.seconds if self.seconds > 0 else 0.0
 
 
 class _Stop(Exception):
@@ -102,7 +68,10 @@ class Executor:
         fetch_list: Sequence[Any] | None = None,
         fetch_info: Sequence[str] | None = None,
         print_period: int = 100,
-        fetch_handler: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+        fetch_handler: Any = None,
+        *,
+        scope: Any = None,
+        program: Any = None,
     ) -> RunSummary:
         """One pass over ``dataset``: forward, backward and optimizer step per batch.
 
@@ -124,8 +93,15 @@ class Executor:
             fetch_info: the label printed for each ``fetch_list`` entry
                 (default: the names).
             print_period: batches between two printed lines.
-            fetch_handler: called after every batch with the model's outputs
-                (detached), one call at a time: e.g. to feed a ``StreamingAUC``.
+            fetch_handler: a ``FetchHandler`` (Paddle's): its ``handler(res_dict)``
+                is called every ``period_secs`` from a monitor thread with the
+                current values of its ``var_dict`` (trainer/fetch_handler.py);
+                or a function, called after every batch with the model's
+                outputs (detached), one call at a time: e.g. to feed a
+                ``StreamingAUC``.
+            scope: Paddle's scope: accepted and ignored (the model holds its
+                parameters).
+            program: Paddle's name for the first argument: the model.
 
         Returns:
             A ``RunSummary``.
@@ -143,9 +119,10 @@ class Executor:
                     "train_from_dataset needs an optimizer: pass optimizer=..., or "
                     "call fleet.distributed_optimizer(optimizer) first"
                 )
+        del scope
         return self._run(
             model, dataset, optimizer, thread, debug, fetch_list, fetch_info,
-            print_period, fetch_handler, train=True,
+            print_period, fetch_handler, train=True, program=program,
         )
 
     def infer_from_dataset(
@@ -158,7 +135,10 @@ class Executor:
         fetch_list: Sequence[Any] | None = None,
         fetch_info: Sequence[str] | None = None,
         print_period: int = 100,
-        fetch_handler: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+        fetch_handler: Any = None,
+        *,
+        scope: Any = None,
+        program: Any = None,
     ) -> RunSummary:
         """One pass over ``dataset`` without gradients or optimizer steps.
 
@@ -168,10 +148,10 @@ class Executor:
         the symmetry with ``train_from_dataset`` (Paddle's signature).
         Arguments and errors are otherwise those of ``train_from_dataset``.
         """
-        del optimizer
+        del optimizer, scope
         return self._run(
             model, dataset, None, thread, debug, fetch_list, fetch_info,
-            print_period, fetch_handler, train=False,
+            print_period, fetch_handler, train=False, program=program,
         )
 
     # -- the loop --------------------------------------------------------------------
@@ -188,7 +168,12 @@ class Executor:
         print_period: int,
         fetch_handler: Any,
         train: bool,
+        program: Any = None,
     ) -> RunSummary:
+        if program is not None:
+            if model is not None:
+                raise TypeError("pass the model once: as model or as program, not both")
+            model = program
         if dataset is None:
             raise RuntimeError("dataset is needed and should be initialized")
         if model is None or not callable(model):
@@ -203,10 +188,19 @@ class Executor:
                 f"({names}), {len(labels)} in fetch_info ({labels})"
             )
         threads = self._thread_count(model, dataset, thread)
+        periodic = fetch_handler is not None and is_periodic(fetch_handler)
+        if not (fetch_handler is None or periodic or callable(fetch_handler)):
+            raise TypeError(
+                "fetch_handler must be a FetchHandler (with handler, var_dict and "
+                f"period_secs) or a function of the outputs, got {fetch_handler!r}"
+            )
         run = _Run(
-            model, optimizer, names, labels, print_period, debug, fetch_handler, train,
+            model, optimizer, names, labels, print_period, debug,
+            None if periodic else fetch_handler, train,
             self.place if self.place is not None else _model_device(model),
         )
+        run.keep_latest = periodic
+        monitor = FetchMonitor(fetch_handler, run.current_value) if periodic else None
         run.default_fetch = fetch_list is None
         module = model if isinstance(model, torch.nn.Module) else None
         was_training = module.training if module is not None else True
@@ -215,10 +209,11 @@ class Executor:
         started = time.perf_counter()
         iterator = iter(dataset)
         try:
-            if threads == 1:
-                run.work(iterator, main_thread=True)
-            else:
-                run.work_in_threads(iterator, threads)
+            with monitor or contextlib.nullcontext():  # stopped and joined on failure too
+                if threads == 1:
+                    run.work(iterator, main_thread=True)
+                else:
+                    run.work_in_threads(iterator, threads)
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
@@ -230,9 +225,11 @@ class Executor:
             # (+34 MiB RSS over 10 passes of 375k records in benchmarks/soak.py's
             # model, flat with this trim).
             release_free_memory()
+        if monitor is not None:
+            monitor.raise_error()
         summary = run.summary(time.perf_counter() - started, threads)
-        summary.input = _input_stats(dataset)
-        _log_summary("train_from_dataset" if train else "infer_from_dataset", summary)
+        summary.input = input_stats(dataset)
+        log_summary("train_from_dataset" if train else "infer_from_dataset", summary)
         if debug:
             print(_debug_line(run, summary.records, summary.seconds, final=True),
                   file=sys.stderr, flush=True)
@@ -297,6 +294,17 @@ class _Run:
         self.timings = dict.fromkeys(_PHASES, 0.0)
         self.last_fetch: dict[str, list[float]] = {}
         self.started = time.perf_counter()
+        # For a FetchHandler's monitor thread: the last batch and its outputs.
+        self.keep_latest = False
+        self.latest: tuple[Mapping[str, Any], Any] = ({}, None)
+
+    def current_value(self, name: str) -> Any:
+        """The last batch's output ``name``, else its slot ``name``, else None."""
+        with self.stats_lock:
+            outputs, batch = self.latest
+        if name in outputs:
+            return outputs[name]
+        return batch[name] if isinstance(batch, Mapping) and name in batch else None
 
     # -- threads ---------------------------------------------------------------------
 
@@ -397,6 +405,8 @@ class _Run:
                 self.loss_batches += 1
             for phase, seconds in zip(_PHASES, phases, strict=True):
                 self.timings[phase] += seconds
+            if self.keep_latest:
+                self.latest = (detached, batch)
             if self.fetch_handler is not None:
                 self.fetch_handler(detached)
             if self.batches % self.print_period == 0:
@@ -428,35 +438,6 @@ class _Run:
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def _input_stats(dataset: Any) -> Any:
-    """The dataset's load accounting (``stats()``), or None for a plain iterable."""
-    stats = getattr(dataset, "stats", None)
-    if not callable(stats):
-        return None
-    try:
-        return stats()
-    except Exception:  # noqa: BLE001 - an iterable's own stats() of another meaning
-        return None
-
-
-def _log_summary(what: str, summary: RunSummary) -> None:
-    """One INFO line: what the pass delivered and what its input held."""
-    line = (
-        f"{what}: {summary.batches} batches, {summary.records} records "
-        f"in {summary.seconds:.2f} s"
-    )
-    stats = summary.input
-    if stats is not None and hasattr(stats, "per_file"):
-        line += (
-            f"; input: {stats.files} files, {stats.lines} lines = {stats.records} records "
-            f"+ {stats.skipped_lines} skipped lines"
-        )
-        if stats.skipped_reasons:
-            reasons = sorted(stats.skipped_reasons.items())
-            line += " (" + ", ".join(f"{r} {n}" for r, n in reasons) + ")"
-    logger.info(line)
 
 
 def _fetch_names(fetch_list: Sequence[Any] | None) -> list[str]:
