@@ -56,6 +56,10 @@ cdef int _classify(object value) except -1:
         return INTEGER  # bool included: Paddle accepts it and writes 'True'
     if isinstance(value, float):
         return FLOATING  # numpy.float64 is a float subclass
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        # Not a number, whatever numpy's version: before numpy 2.3 its bool has a
+        # (deprecated) __index__ and would pass the check below.
+        return NOT_A_NUMBER
     if PyIndex_Check(value):
         return INTEGER  # numpy.integer and any other type with __index__
     # numpy.float32/float16/longdouble, recognised without importing numpy

@@ -211,6 +211,8 @@ class DataGenerator:
         return self._formatter
 
     def _run(self, lines: Iterable[str | None]) -> None:
+        if sys.version_info < (3, 11):
+            _print_notes_after_tracebacks()
         batch_size = _checked_batch_size(self.batch_size_)
         formatter = self._sample_formatter()
         stdout = sys.stdout
@@ -370,3 +372,19 @@ def _exit_on_broken_pipe(stdout: TextIO) -> NoReturn:
     )
     sys.stderr.flush()
     raise SystemExit(1)
+
+
+def _print_notes_after_tracebacks() -> None:
+    """On Python 3.10, makes an uncaught error's ``__notes__`` (the input line of a
+    bad sample) follow its traceback on stderr, where 3.11 prints them."""
+    previous = sys.excepthook
+    if getattr(previous, "prints_notes", False):
+        return
+
+    def excepthook(kind: type[BaseException], error: BaseException, tb: object) -> None:
+        previous(kind, error, tb)
+        for note in getattr(error, "__notes__", None) or ():
+            print(note, file=sys.stderr)
+
+    excepthook.prints_notes = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import generators
+from datafeed.errors import add_note
 from generators import (
     DataGenerator,
     MultiSlotDataGenerator,
@@ -102,7 +103,7 @@ def test_public_names_are_sorted_and_complete() -> None:
 
 def test_sample_error_keeps_its_attributes_through_pickle() -> None:
     error = SampleError("slot 'a' of sample 3 is empty", "a", 3, [])
-    error.add_note("in the samples of input line 2: 'x'")
+    add_note(error, "in the samples of input line 2: 'x'")  # error.add_note on 3.11+
     copy = pickle.loads(pickle.dumps(error))
     assert (str(copy), copy.slot, copy.sample, copy.value) == (
         "slot 'a' of sample 3 is empty",

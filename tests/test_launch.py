@@ -258,8 +258,11 @@ def test_collective_mode_runs_torchrun_and_fails_when_a_rank_fails(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(
         "import os, sys\n"
-        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
-        "os.environ['MASTER_ADDR'], flush=True)\n"
+        # One write per line: the two ranks share torchrun's stdout, and print()
+        # of several arguments (unbuffered) may interleave with the other rank's.
+        "line = f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} "
+        "{os.environ['MASTER_ADDR']}\\n\"\n"
+        "os.write(1, line.encode())\n"
         "sys.exit(int(sys.argv[1]) if os.environ['RANK'] == '1' else 0)\n"
     )
     ok = fleetrun("--nproc_per_node=2", str(script), "0", cwd=tmp_path, timeout=60)
