@@ -79,9 +79,6 @@ class Batcher:
 
     def build(self, pieces: list[Piece]) -> Batch:
         """The batch of ``pieces``: a view of one chunk, or the pieces copied together."""
-        if len(pieces) == 1:
-            chunk, start, stop, _ = pieces[0]
-            return self._builder.from_chunk(chunk, start, stop)
         return self._builder.from_pieces([(chunk, start, stop) for chunk, start, stop, _ in pieces])
 
     def batches(

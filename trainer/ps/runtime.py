@@ -153,20 +153,18 @@ class ParameterServerRuntime:
         transport.set_server_secret(role.job_secret)
         handlers.install(server)
         try:
-            transport.init_group(
-                transport.server_name(role.index), role.index, role.server_num + role.worker_num,
-                role.server_endpoints, transport.start_timeout(),
-            )
-            log.info(
-                "parameter server %d serving at %s (%s mode, tables %s, %d dense parameters)",
-                role.index, endpoint, self.mode, sorted(server.tables), len(server.owned),
-            )
-            server.all_done.wait()
-        except BaseException:
-            transport.shutdown_group()
-            raise
-        else:
-            transport.shutdown_group(graceful=True, timeout=transport.start_timeout())
+            with transport.leaving_group_after():
+                transport.init_group(
+                    transport.server_name(role.index), role.index,
+                    role.server_num + role.worker_num, role.server_endpoints,
+                    transport.start_timeout(),
+                )
+                log.info(
+                    "parameter server %d serving at %s (%s mode, tables %s, %d dense "
+                    "parameters)",
+                    role.index, endpoint, self.mode, sorted(server.tables), len(server.owned),
+                )
+                server.all_done.wait()
         finally:
             handlers.install(None)
             if self._presence is not None:
@@ -254,13 +252,10 @@ class ParameterServerRuntime:
         if self.servers is None:
             return
         try:
-            self.training.flush()
-            self.servers.call_all(handlers.worker_done, [(self.role.index,)] * len(self.servers))
-        except BaseException:
-            transport.shutdown_group()
-            raise
-        else:
-            transport.shutdown_group(graceful=True, timeout=transport.start_timeout())
+            with transport.leaving_group_after():
+                self.training.flush()
+                done = [(self.role.index,)] * len(self.servers)
+                self.servers.call_all(handlers.worker_done, done)
         finally:
             sparse.install_store(None)
             self.training.disconnect()

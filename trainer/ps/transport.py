@@ -15,6 +15,7 @@ server's endpoint. Every handler on a server checks the job secret first.
 from __future__ import annotations
 
 import array
+import contextlib
 import fcntl
 import hmac
 import logging
@@ -24,7 +25,7 @@ import struct
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.distributed import rpc
@@ -190,6 +191,19 @@ def shutdown_group(graceful: bool = False, timeout: float = 30.0) -> None:
         rpc.shutdown(graceful=False)
     except Exception as err:  # noqa: BLE001 - a failed shutdown must not mask the cause
         log.debug("rpc.shutdown failed: %s", err)
+
+
+@contextlib.contextmanager
+def leaving_group_after() -> Iterator[None]:
+    """Runs the block, then leaves the RPC group: gracefully (every process waits
+    for the others, up to ``start_timeout()``) when the block succeeded, at once
+    when it raised (its peers may be gone)."""
+    try:
+        yield
+    except BaseException:
+        shutdown_group()
+        raise
+    shutdown_group(graceful=True, timeout=start_timeout())
 
 
 # -- secret -----------------------------------------------------------------
