@@ -1109,9 +1109,13 @@ cdef class Engine:
             what = (f"expected a value count of {slot.width} (a dense slot of shape "
                     f"{slot.shape}), found {text}")
         elif code == ST_TOO_FEW:
-            count = int(PyBytes_FromStringAndSize(<const char*>f.count_tok,
-                                                  f.count_end - f.count_tok))
-            what = f"expected {count} values, found the end of the line after {f.found}"
+            # The count as written, cut like any token: a count of thousands of
+            # digits must not reach int() (Python refuses over 4,300 digits).
+            shown = min(f.count_end - f.count_tok, TOKEN_SHOWN)
+            count_text = PyBytes_FromStringAndSize(<const char*>f.count_tok, shown).decode(
+                "ascii", "replace") + ("..." if f.count_end - f.count_tok > shown else "")
+            what = (f"expected {count_text} values, found the end of the line "
+                    f"after {f.found}")
         elif code == ST_NOT_NUMBER:
             expected = {"int64": "an integer", "uint64": "an unsigned integer"}.get(
                 dtype, "a number")

@@ -969,3 +969,18 @@ def test_floats_round_like_strtof(tokens: list[bytes]) -> None:
 
 def test_float32_bits_helper() -> None:
     assert f32(-0.0) == 0x80000000 and struct.pack("<I", f32(1.0)) == b"\x00\x00\x80?"
+
+
+def test_a_count_of_thousands_of_digits_is_a_parse_error_with_its_line() -> None:
+    # Python's int() refuses strings over 4,300 digits; the error path must not call it.
+    huge = b"9" * 5000
+    bad = b"1 5 " + huge + b" 1 2\n"
+    with pytest.raises(ParseError) as caught:
+        parse_bytes([Slot("a", "int64"), Slot("b", "int64")], b"1 5 1 7\n" + bad, "f.txt")
+    message = str(caught.value)
+    assert "f.txt, line 2" in message and "slot 'b'" in message
+    assert "999..." in message and len(message) < 600
+    chunk = parse_bytes(
+        [Slot("a", "int64"), Slot("b", "int64")], b"1 5 1 7\n" + bad, "f", skip_bad_lines=True
+    )
+    assert chunk.rows == 1
