@@ -13,7 +13,8 @@ from trainer import DistributedStrategy, Role, TrainerError, UserDefinedRoleMake
 @pytest.fixture(autouse=True)
 def no_role_environment(monkeypatch):
     for name in ("PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", "RANK", "WORLD_SIZE",
-                 "PADDLE_TRAINER_ENDPOINTS", "FLEETFEED_JOB_SECRET"):
+                 "PADDLE_TRAINER_ENDPOINTS", "FLEETFEED_JOB_SECRET",
+                 "FLEETFEED_JOB_KEY", "FLEETFEED_JOB_KEY_FILE"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -66,7 +66,7 @@ if role == "PSERVER":
 else:
     rank = os.environ["PADDLE_TRAINER_ID"]
     keys = ["TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "POD_IP", "PADDLE_PORT",
-            "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS", "FLEETFEED_JOB_SECRET",
+            "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS", "FLEETFEED_JOB_KEY",
             "OMP_NUM_THREADS"]
     write(f"worker{rank}.json", json.dumps({**{k: os.environ.get(k) for k in keys},
                                             "pid": os.getpid()}))
@@ -131,9 +131,9 @@ def test_ps_job_sets_paddles_environment_and_stops_the_servers(tmp_path, dummy):
         assert env["PADDLE_TRAINERS_NUM"] == "2"
         assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == servers
         assert f"{env['POD_IP']}:{env['PADDLE_PORT']}" == worker_endpoints[index]
-        assert re.fullmatch(r"[0-9a-f]{32}", env["FLEETFEED_JOB_SECRET"])
+        assert re.fullmatch(r"[0-9a-f]{64}", env["FLEETFEED_JOB_KEY"])
         assert env["OMP_NUM_THREADS"] == "1"  # the processes share the cores
-    assert envs[0]["FLEETFEED_JOB_SECRET"] == envs[1]["FLEETFEED_JOB_SECRET"]
+    assert envs[0]["FLEETFEED_JOB_KEY"] == envs[1]["FLEETFEED_JOB_KEY"]
     log = tmp_path / "log"
     assert (log / "serverlog.0").read_text() == "server listening\n"
     assert (log / "workerlog.0").read_text() == "worker 0 done\n"

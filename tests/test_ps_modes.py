@@ -4,13 +4,13 @@ checked value by value without an RPC group."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.futures import Future
 
 from trainer import DistributedStrategy
 from trainer.errors import TrainerError
@@ -42,7 +42,7 @@ class InProcessServers:
     def call_async(self, index: int, func, *args, timeout=None) -> Future:
         handlers.install(self.server)
         try:
-            result = func(None, *args)
+            result = func(*args)
         finally:
             handlers.install(None)
         if isinstance(result, Future):  # push_sync: complete once the round is
@@ -52,7 +52,7 @@ class InProcessServers:
         return future
 
     def wait(self, index: int, future: Future, what: str):
-        return future.wait()
+        return future.result(timeout=10)
 
     def call(self, index: int, func, *args, timeout=None):
         return self.wait(index, self.call_async(index, func, *args), func.__name__)

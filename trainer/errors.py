@@ -4,6 +4,18 @@ keeps working."""
 
 from __future__ import annotations
 
-from .job.errors import RoleError, ServerUnavailableError, TrainerError, WorkerFailedError
+from .job.errors import (
+    RoleError,
+    ServerCallError,
+    ServerUnavailableError,
+    TrainerError,
+    WorkerFailedError,
+)
 
-__all__ = ["RoleError", "ServerUnavailableError", "TrainerError", "WorkerFailedError"]
+__all__ = [
+    "RoleError",
+    "ServerCallError",
+    "ServerUnavailableError",
+    "TrainerError",
+    "WorkerFailedError",
+]

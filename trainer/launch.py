@@ -6,7 +6,7 @@ Parameter-server mode (``--server_num``/``--servers``, ``--worker_num``/
     fleetrun --server_num=1 --worker_num=2 train.py [args...]
 
 sets each process's environment with Paddle's variable names (plus a fresh
-``FLEETFEED_JOB_SECRET``), writes ``<log_dir>/serverlog.N`` and
+``FLEETFEED_JOB_KEY``), writes ``<log_dir>/serverlog.N`` and
 ``<log_dir>/workerlog.N``, waits until every server's port accepts connections
 before starting the workers, stops the servers when all workers exit 0 (exit
 status 0), and stops the whole job with a non-zero status as soon as any process
@@ -37,6 +37,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, NoReturn
+
+from .job import keys
 
 __all__ = ["main"]
 
@@ -219,6 +221,26 @@ def _port_open(endpoint: str) -> bool:
         return False
 
 
+def _job_key(endpoints: Sequence[str]) -> str:
+    """The key this job's processes share: the user's (``FLEETFEED_JOB_KEY`` or
+    ``FLEETFEED_JOB_KEY_FILE``), else a fresh one when every endpoint is on this
+    machine. A job across hosts needs the same key on every host's fleetrun, so
+    one fleetrun cannot make it up alone ("": none, ``FLEETFEED_INSECURE=1``)."""
+    key = keys.read_job_key()
+    if key is not None:
+        return key
+    remote = [ep for ep in endpoints if not keys.is_loopback(ep.rpartition(":")[0])]
+    if remote and keys.insecure_allowed():
+        return ""  # no key: each host's fleetrun would make up a different one
+    if remote:
+        raise SystemExit(
+            f"fleetrun: endpoints {', '.join(remote)} are on other hosts: give every host's "
+            f"fleetrun the same job key in {keys.KEY_ENV} or a file named by "
+            f"{keys.KEY_FILE_ENV} (or set {keys.INSECURE_ENV}=1 on a trusted network)"
+        )
+    return secrets.token_hex(32)
+
+
 def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) -> int:
     os.makedirs(args.log_dir, exist_ok=True)
     command = [sys.executable, "-u", args.training_script, *args.training_script_args]
@@ -227,7 +249,7 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
         PADDLE_PSERVERS_IP_PORT_LIST=",".join(servers),
         PADDLE_TRAINER_ENDPOINTS=",".join(workers),
         PADDLE_TRAINERS_NUM=str(len(workers)),
-        FLEETFEED_JOB_SECRET=secrets.token_hex(16),
+        FLEETFEED_JOB_KEY=_job_key(servers + workers),
     )
     for name in ("PADDLE_TRAINER_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         common.pop(name, None)  # not this job's: a stale value would confuse a role maker

@@ -15,11 +15,10 @@ import os
 from collections.abc import Iterable, Mapping
 
 from .job.errors import RoleError
+from .job.keys import read_job_key
 from .job.role import ClusterRole, Role
 
 __all__ = ["PaddleCloudRoleMaker", "RoleMakerBase", "UserDefinedRoleMaker"]
-
-JOB_SECRET_ENV = "FLEETFEED_JOB_SECRET"
 
 
 class RoleMakerBase:
@@ -107,7 +106,8 @@ class PaddleCloudRoleMaker(RoleMakerBase):
     and ``PADDLE_TRAINER_ENDPOINTS`` (the first endpoint is the rendezvous); with
     neither, the local fallback.
 
-    Every job reads ``FLEETFEED_JOB_SECRET`` (set by ``fleetrun``) into
+    Every job reads its key (``FLEETFEED_JOB_KEY``, set by ``fleetrun``, or the
+    file ``FLEETFEED_JOB_KEY_FILE`` names; ``trainer.job.keys``) into
     ``ClusterRole.job_secret``.
 
     Args:
@@ -123,7 +123,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
         self._env = os.environ if environ is None else environ
 
     def _make_role(self) -> ClusterRole:
-        secret = self._env.get(JOB_SECRET_ENV) or None
+        secret = read_job_key(self._env)
         if self.is_collective:
             return self._collective_role(secret)
         return self._ps_role(secret)
@@ -229,7 +229,8 @@ class UserDefinedRoleMaker(RoleMakerBase):
         server_endpoints: ``host:port`` of every parameter server (PS jobs).
         worker_endpoints: ``host:port`` of every worker; in a collective job the
             first one is the rendezvous.
-        job_secret: the job's shared secret (default ``$FLEETFEED_JOB_SECRET``).
+        job_secret: the job's key (default: ``FLEETFEED_JOB_KEY`` or the file
+            ``FLEETFEED_JOB_KEY_FILE`` names, ``trainer.job.keys``).
 
     Raises:
         RoleError: on inconsistent arguments (on ``generate_role()``).
@@ -253,9 +254,7 @@ class UserDefinedRoleMaker(RoleMakerBase):
         self._worker_num_arg = worker_num
         self._servers = _endpoint_list("server_endpoints", server_endpoints)
         self._workers = _endpoint_list("worker_endpoints", worker_endpoints)
-        self._secret = job_secret if job_secret is not None else (
-            os.environ.get(JOB_SECRET_ENV) or None
-        )
+        self._secret = job_secret if job_secret is not None else read_job_key()
 
     def _make_role(self) -> ClusterRole:
         if not isinstance(self._current_id, int) or self._current_id < 0:

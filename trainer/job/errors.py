@@ -36,3 +36,30 @@ class WorkerFailedError(TrainerError, RuntimeError):
     def __init__(self, message: str, *, rank: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank
+
+
+class ServerCallError(TrainerError, RuntimeError):
+    """A parameter server refused or failed a call (its handler raised).
+
+    Attributes:
+        endpoint: the server's ``host:port``.
+        remote_type: the name of the exception the server's handler raised.
+    """
+
+    def __init__(self, message: str, *, endpoint: str, remote_type: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.remote_type = remote_type
+
+
+class CheckpointError(TrainerError, ValueError):
+    """A checkpoint cannot be loaded: a file is malformed, or does not fit the
+    model. Raised before anything was changed.
+
+    Attributes:
+        path: the checkpoint file (or directory) at fault.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path

@@ -1,5 +1,5 @@
 """The parameter server: sparse tables and dense parameters on servers, over
-``torch.distributed.rpc``, behind the fleet API (``trainer.fleet``).
+ZeroMQ with CURVE authentication, behind the fleet API (``trainer.fleet``).
 
 Modules, from the bottom up:
 
@@ -7,8 +7,10 @@ Modules, from the bottom up:
   (optimizer settings), ``table`` (``SparseTable``), ``checkpoint`` (files);
 - ``sparse``: the registry of ``SparseEmbedding`` tables, the row store a
   forward pulls from, and the gradients a step pushes;
-- ``transport`` (RPC group, timeouts, job secret), ``server`` (a server's state
-  and its RPC handlers), ``client`` (a worker's row stores, the optimizer wrapper);
+- ``wire`` (the messages: JSON header and raw array frames, never pickle),
+  ``transport`` (sockets, authentication by the job key, timeouts), ``server``
+  (a server's state and its handlers), ``client`` (a worker's row stores, the
+  optimizer wrapper);
 - ``modes``: what a step does, one class per mode: ``"async"`` (default),
   ``"sync"``, ``"geo"`` (``strategy.a_sync_configs["k_steps"]``), and local;
 - ``runtime``: ``ParameterServerRuntime``, one process's part of the job, and
@@ -18,8 +20,8 @@ Without a role environment the tables live in the process and the same calls
 work, so a script runs unchanged on a laptop. Timeouts: ``FLEETFEED_PS_TIMEOUT``
 (seconds, default 30) bounds every call to a server and the wait for a server's
 port; a server that does not answer raises ``ServerUnavailableError`` naming its
-endpoint. ``FLEETFEED_PS_START_TIMEOUT`` (default 300) bounds the wait for the
-whole job to join the RPC group.
+endpoint. ``FLEETFEED_PS_START_TIMEOUT`` (default 300) bounds the waits for the
+whole job: a synchronous round, a barrier, the other workers at stop.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ process. The same script runs in every role, in Paddle's order::
 
 What a step does is the training mode's (``trainer.ps.modes``, one class per
 mode, chosen once here); this module runs the rest of the job: a server's
-tables and its RPC group, a worker's connection, barriers and checkpoints.
+tables and its listening socket, a worker's connections, barriers and checkpoints.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..job.errors import TrainerError
+from ..job.keys import require_key_or_insecure
 from ..job.role import ClusterRole
 from ..job.strategy import parameter_server_mode
 from . import checkpoint, sparse, transport
@@ -73,7 +74,6 @@ class ParameterServerRuntime:
         self.default_spec: OptimizerSpec | None = None
         self.servers: transport.ServerSet | None = None
         self.server: ParameterServer | None = None
-        self._presence: transport.PresenceListener | None = None
 
     # -- model -------------------------------------------------------------------
 
@@ -132,7 +132,8 @@ class ParameterServerRuntime:
             self.server.load(model_dir)
 
     def run_server(self) -> None:
-        """Joins the RPC group and serves until every worker called stop_worker()."""
+        """Listens on this server's endpoint and serves until every worker called
+        stop_worker()."""
         if self.local:
             log.info("run_server() does nothing in a non-distributed job")
             return
@@ -143,40 +144,41 @@ class ParameterServerRuntime:
             raise TrainerError("run_server(): this server has no tables")
         role = self.role
         endpoint = role.server_endpoints[role.index]
+        require_key_or_insecure(
+            role.job_secret, [*role.server_endpoints, *role.worker_endpoints],
+            f"parameter server {role.index}",
+        )
         if "OMP_NUM_THREADS" not in os.environ:
-            # A server's work is many small numpy/torch calls on RPC threads: one
-            # intra-op thread each; more only contend with the workers beside it
-            # (what torchrun does for several processes on one machine).
+            # A server's work is many small numpy/torch calls on handler threads:
+            # one intra-op thread each; more only contend with the workers beside
+            # it (what torchrun does for several processes on one machine).
             torch.set_num_threads(1)
-        if role.index > 0:
-            self._presence = transport.PresenceListener(endpoint)
-        transport.set_server_secret(role.job_secret)
         handlers.install(server)
         try:
-            with transport.leaving_group_after():
-                transport.init_group(
-                    transport.server_name(role.index), role.index,
-                    role.server_num + role.worker_num, role.server_endpoints,
-                    transport.start_timeout(),
-                )
+            listening = transport.ServerEndpoint(
+                endpoint, transport.CurveKeys.from_job_key(role.job_secret), handlers.HANDLERS,
+                threads=max(4, 2 * role.worker_num), name=f"parameter server {role.index}",
+            )
+            try:
                 log.info(
                     "parameter server %d serving at %s (%s mode, tables %s, %d dense "
-                    "parameters)",
+                    "parameters, %s)",
                     role.index, endpoint, self.mode, sorted(server.tables), len(server.owned),
+                    "authenticated" if role.job_secret else "no job key",
                 )
                 server.all_done.wait()
+            finally:
+                listening.close()
         finally:
             handlers.install(None)
-            if self._presence is not None:
-                self._presence.close()
         log.info("parameter server %d: every worker stopped", role.index)
 
     # -- worker ------------------------------------------------------------------
 
     def init_worker(self) -> None:
-        """Waits (bounded) for the servers' ports, joins the RPC group, checks
-        that the servers hold this model's tables and dense shapes, and pulls
-        the dense parameters. Local mode: nothing."""
+        """Waits (bounded) for the servers' ports, connects to every server,
+        checks that the servers hold this model's tables and dense shapes, and
+        pulls the dense parameters. Local mode: nothing."""
         if self.local:
             log.info("init_worker() does nothing in a non-distributed job")
             return
@@ -184,20 +186,23 @@ class ParameterServerRuntime:
         if not role.is_worker:
             raise TrainerError(f"init_worker() called in a {role.role.name} process")
         self._require_optimizer("init_worker()")
+        require_key_or_insecure(
+            role.job_secret, [*role.server_endpoints, *role.worker_endpoints],
+            f"worker {role.index}",
+        )
         timeout = transport.call_timeout()
         for endpoint in role.server_endpoints:
             transport.wait_for_port(endpoint, timeout)
-        transport.init_group(
-            transport.worker_name(role.index), role.server_num + role.index,
-            role.server_num + role.worker_num, role.server_endpoints, transport.start_timeout(),
+        servers = transport.ServerSet(
+            role.server_endpoints, transport.CurveKeys.from_job_key(role.job_secret), timeout
         )
-        self.servers = transport.ServerSet(role.server_endpoints, role.job_secret, timeout)
         try:
-            self._check_servers(self.servers)
-            copy_dense(self.params, self.servers.call_all(handlers.pull_dense))
+            self._check_servers(servers)
+            copy_dense(self.params, servers.call_all(handlers.pull_dense))
         except BaseException:
-            transport.shutdown_group()
+            servers.close()
             raise
+        self.servers = servers
         link = WorkerLink(role.index, self.servers, lambda c: c.make_table(self.default_spec))
         sparse.install_store(self.training.connect(link))
         atexit.register(self._leave_at_exit)
@@ -207,11 +212,9 @@ class ParameterServerRuntime:
 
     def _leave_at_exit(self) -> None:
         """A worker that ends without stop_worker() (an exception escaped the
-        script) leaves the RPC group before the interpreter shuts down: with the
-        group up, TensorPipe's threads can abort the process (SIGABRT, "FATAL:
-        exception not rethrown") instead of letting it exit with status 1."""
+        script) closes its connections before the interpreter shuts down."""
         if self.servers is not None:
-            transport.shutdown_group()
+            self.servers.close()
 
     def _check_servers(self, servers: transport.ServerSet) -> None:
         want_tables = {n: c.dim for n, c in self.configs.items()}
@@ -245,21 +248,23 @@ class ParameterServerRuntime:
 
     def stop_worker(self) -> None:
         """GEO: pushes what is left; tells every server this worker is done;
-        waits for the other workers to stop too (as Paddle's) and leaves."""
+        waits (up to ``start_timeout()``) for the other workers to stop too, as
+        Paddle's does, and closes its connections."""
         if self.local:
             log.info("stop_worker() does nothing in a non-distributed job")
             return
         if self.servers is None:
             return
+        servers = self.servers
         try:
-            with transport.leaving_group_after():
-                self.training.flush()
-                done = [(self.role.index,)] * len(self.servers)
-                self.servers.call_all(handlers.worker_done, done)
+            self.training.flush()
+            done = [(self.role.index,)] * len(servers)
+            servers.call_all(handlers.worker_done, done, timeout=transport.start_timeout())
         finally:
             sparse.install_store(None)
             self.training.disconnect()
             self.servers = None
+            servers.close()
 
     def barrier_worker(self) -> None:
         """Returns once every running worker called barrier_worker() (through server 0)."""

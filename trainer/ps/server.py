@@ -3,8 +3,10 @@ and the RPC handlers workers call.
 
 Sparse rows are sharded by id (``table.shard_of``); dense parameters by their
 index in the optimizer's parameter list (index mod server_num). The handlers are
-module-level functions (RPC sends them by name); each checks the job secret and
-works on the process's one ``ParameterServer``.
+module-level functions named by the operations of ``trainer.ps.wire`` (workers
+name the function, the transport sends the name); each works on the process's
+one ``ParameterServer``. Who may call them is settled before: the transport
+admits only peers that proved the job key.
 
 Modes:
   async  a push is applied when it arrives;
@@ -20,15 +22,13 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import torch
-from torch.distributed import rpc
-from torch.futures import Future
 
 from . import checkpoint
 from .table import SparseTable, as_u64, shard_of
-from .transport import check_secret
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class ParameterServer:
             self.all_done.set()
         self._round: list[tuple[int, SparsePart, DensePart, Future]] = []
         self._barrier: dict[int, Future] = {}
+        self._stopped: list[Future] = []  # worker_done calls waiting for the others
 
     # -- description -----------------------------------------------------------
 
@@ -77,6 +78,19 @@ class ParameterServer:
             "tables": {n: [t.dim, t.optimizer.kind] for n, t in sorted(self.tables.items())},
             "dense": [list(p.shape) for p in self.dense],
         }
+
+    def check_worker(self, worker: int) -> int:
+        """``worker`` if it is one of this job's worker indices.
+
+        Raises:
+            ValueError: it is not (a peer of another job, or a bad index).
+        """
+        if not 0 <= worker < self.worker_num:
+            raise ValueError(
+                f"server {self.index}: expected a worker index in [0, {self.worker_num}), "
+                f"found {worker}"
+            )
+        return worker
 
     def table(self, name: str) -> SparseTable:
         table = self.tables.get(name)
@@ -120,6 +134,7 @@ class ParameterServer:
 
     def push_sync(self, worker: int, sparse: SparsePart, dense: DensePart) -> Future:
         future: Future = Future()
+        self.check_worker(worker)
         with self._lock:
             if any(w == worker for w, *_ in self._round):
                 future.set_exception(
@@ -179,20 +194,29 @@ class ParameterServer:
 
     # -- membership -------------------------------------------------------------
 
-    def worker_done(self, worker: int) -> None:
+    def worker_done(self, worker: int) -> Future:
+        """Worker ``worker`` stopped; the future completes once every worker has."""
+        future: Future = Future()
+        self.check_worker(worker)
         with self._lock:
             self._active.discard(worker)
+            self._stopped.append(future)
             ready = self._take_round_if_complete()
             barrier = self._take_barrier_if_complete()
-            if not self._active:
-                self.all_done.set()
+            stopped = [] if self._active else self._stopped
         if ready:
             self._apply_round(ready)
-        for future in barrier:
-            future.set_result(None)
+        for waiting in barrier:
+            waiting.set_result(None)
+        for waiting in stopped:
+            waiting.set_result(None)
+        if stopped:
+            self.all_done.set()
+        return future
 
     def barrier(self, worker: int) -> Future:
         future: Future = Future()
+        self.check_worker(worker)
         with self._lock:
             self._barrier[worker] = future
             ready = self._take_barrier_if_complete()
@@ -261,70 +285,74 @@ def _current() -> ParameterServer:
     return _server
 
 
-# -- RPC handlers (called by workers; the first argument is the job secret) ---------
+# -- handlers (one per operation of trainer.ps.wire.OPS) ---------------------------
 
 
-def describe(secret: str | None) -> dict[str, Any]:
-    check_secret(secret)
+def describe() -> dict[str, Any]:
+    """This server's tables, dense shapes and mode (a worker checks its model)."""
     return _current().describe()
 
 
-def pull_tables(
-    secret: str | None, names: Sequence[str], ids: torch.Tensor, create: bool
-) -> list[torch.Tensor]:
+def pull_tables(names: Sequence[str], ids: torch.Tensor, create: bool) -> list[torch.Tensor]:
     """The rows of the same distinct ids from several tables (one round trip)."""
-    check_secret(secret)
     server = _current()
     return [server.table(name).pull(ids, create=create) for name in names]
 
 
-def pull_dense(secret: str | None) -> dict[int, torch.Tensor]:
-    check_secret(secret)
+def pull_dense() -> dict[int, torch.Tensor]:
+    """The dense parameters this server owns."""
     return _current().dense_values()
 
 
-def push(
-    secret: str | None, worker: int, sparse: SparsePart, dense: DensePart
-) -> dict[int, torch.Tensor]:
-    check_secret(secret)
-    return _current().push(sparse, dense)
+def push(worker: int, sparse: SparsePart, dense: DensePart) -> dict[int, torch.Tensor]:
+    """Applies a worker's gradients (async); returns the dense values after."""
+    server = _current()
+    server.check_worker(worker)
+    return server.push(sparse, dense)
 
 
-@rpc.functions.async_execution
-def push_sync(secret: str | None, worker: int, sparse: SparsePart, dense: DensePart) -> Future:
-    check_secret(secret)
+def push_sync(worker: int, sparse: SparsePart, dense: DensePart) -> Future:
+    """A worker's part of a synchronous round; completes with the round's values."""
     return _current().push_sync(worker, sparse, dense)
 
 
-def geo_push(secret: str | None, worker: int, sparse: SparsePart, dense: DensePart) -> tuple:
-    check_secret(secret)
-    return _current().geo_push(sparse, dense)
+def geo_push(worker: int, sparse: SparsePart, dense: DensePart) -> tuple:
+    """Adds a worker's GEO deltas; returns the merged rows and dense values."""
+    server = _current()
+    server.check_worker(worker)
+    return server.geo_push(sparse, dense)
 
 
-def worker_done(secret: str | None, worker: int) -> None:
-    check_secret(secret)
-    _current().worker_done(worker)
+def worker_done(worker: int) -> Future:
+    """A worker stopped; completes once every worker has."""
+    return _current().worker_done(worker)
 
 
-@rpc.functions.async_execution
-def barrier(secret: str | None, worker: int) -> Future:
-    check_secret(secret)
+def barrier(worker: int) -> Future:
+    """Completes once every running worker called it."""
     return _current().barrier(worker)
 
 
-def save(secret: str | None, dirname: str) -> None:
-    check_secret(secret)
+def save(dirname: str) -> None:
+    """Writes this server's shards into ``dirname``."""
     _current().save(dirname)
 
 
-def load(secret: str | None, dirname: str) -> None:
-    check_secret(secret)
+def load(dirname: str) -> None:
+    """Loads this server's part of the checkpoint at ``dirname``."""
     _current().load(dirname)
 
 
-def table_size(secret: str | None, name: str) -> int:
-    check_secret(secret)
+def table_size(name: str) -> int:
+    """The number of rows of table ``name`` on this server."""
     return len(_current().table(name))
 
 
-__all__ = ["ParameterServer", "install"]
+HANDLERS = {
+    f.__name__: f
+    for f in (describe, pull_tables, pull_dense, push, push_sync, geo_push, worker_done,
+              barrier, save, load, table_size)
+}
+
+
+__all__ = ["HANDLERS", "ParameterServer", "install"]

@@ -1,45 +1,67 @@
-"""The parameter server's transport: ``torch.distributed.rpc`` (TensorPipe).
+"""The parameter server's transport: ZeroMQ over TCP, authenticated with CURVE.
 
-One static RPC group holds the job: servers are ranks ``0..S-1`` (named
-``server<i>``), workers ranks ``S..S+W-1`` (``worker<i>``). The rendezvous store
-listens on server 0's endpoint; every other server listens on its own endpoint
-with a small accept-and-close socket, so a launcher (or a worker) can see that
-each server is up. TensorPipe binds to the network interface that carries the
-endpoints' address (``lo`` for 127.0.0.1), through ``TP_SOCKET_IFNAME``.
+Each server binds a ROUTER socket on its own endpoint (its host's address
+only); each worker connects one DEALER socket to every server. Messages are
+``trainer.ps.wire``'s: a JSON header and raw array frames, never pickle.
+
+Authentication happens in ZeroMQ's CURVE handshake, before any message reaches
+this code: the servers' key pair and the workers' key pair are derived from the
+job key (``trainer.job.keys``), a worker must know the servers' public key to
+start the handshake, and the server's ZAP handler admits only the workers'
+public key. A peer without the job key completes no handshake; the server logs
+it (address and reason) and never sees a byte of its payload. Traffic is
+encrypted. A job without a key (loopback only, or ``FLEETFEED_INSECURE=1``)
+uses ZeroMQ's NULL mechanism: any peer that reaches the port is served, but can
+still only send the fixed messages of ``wire.OPS``.
+
+Threads: each side has one I/O thread that owns its sockets (ZeroMQ sockets are
+not thread-safe); other threads hand it messages through an in-process queue
+socket. A server runs handlers on a thread pool; a handler that returns a
+future (a synchronous round, a barrier) holds no thread while it waits.
 
 Every call a worker makes has a timeout; a call that a server does not answer
-(unreachable, dead, hung) becomes ``ServerUnavailableError`` naming the
-server's endpoint. Every handler on a server checks the job secret first.
+(unreachable, dead, hung), or whose connection drops, becomes
+``ServerUnavailableError`` naming the server's endpoint.
 """
 
 from __future__ import annotations
 
-import array
-import contextlib
-import fcntl
-import hmac
+import concurrent.futures
+import itertools
 import logging
 import os
 import socket
-import struct
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from torch.distributed import rpc
+import zmq
+from zmq.utils import z85
+from zmq.utils.monitor import recv_monitor_message
 
-from ..job import bind
-from ..job.errors import ServerUnavailableError, TrainerError
+from ..job.errors import ServerCallError, ServerUnavailableError, TrainerError
+from ..job.keys import derive
+from . import wire
 
 log = logging.getLogger(__name__)
 
 # Seconds: how long a worker waits for a server to answer one call, and for a
 # server's port to accept a connection at start-up. FLEETFEED_PS_TIMEOUT overrides.
 DEFAULT_CALL_TIMEOUT = 30.0
-# Seconds every process waits at start-up for the whole job to join the group.
+# Seconds a job waits for its slowest member: a synchronous round, a barrier,
+# the other workers at stop_worker (FLEETFEED_PS_START_TIMEOUT overrides).
 DEFAULT_START_TIMEOUT = 300.0
+# Bytes: the largest message a peer may send (bounds what a bad peer costs).
+MAX_MESSAGE_BYTES = 1 << 31
+_ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_POLL_MS = 100
+_HANDSHAKE_FAILURES = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 
 
 def call_timeout() -> float:
@@ -57,8 +79,8 @@ def call_timeout() -> float:
 
 
 def start_timeout() -> float:
-    """Seconds to wait for the whole job: to join or leave the RPC group, for a
-    synchronous step's slowest worker, at a barrier (``FLEETFEED_PS_START_TIMEOUT``)."""
+    """Seconds to wait for the whole job: a synchronous step's slowest worker,
+    a barrier, the other workers at stop (``FLEETFEED_PS_START_TIMEOUT``)."""
     value = os.environ.get("FLEETFEED_PS_START_TIMEOUT")
     try:
         return float(value) if value else DEFAULT_START_TIMEOUT
@@ -68,40 +90,22 @@ def start_timeout() -> float:
         ) from None
 
 
-def server_name(index: int) -> str:
-    return f"server{index}"
-
-
-def worker_name(index: int) -> str:
-    return f"worker{index}"
-
-
 def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``host:port`` as (host, port).
+
+    Raises:
+        TrainerError: ``endpoint`` is not ``host:port``.
+    """
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise TrainerError(f"a server endpoint must be 'host:port', got {endpoint!r}")
     return host.strip("[]"), int(port)
 
 
-def interface_for(host: str) -> str | None:
-    """The name of the local network interface that holds ``host``'s address."""
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        return None
-    if address.startswith("127."):
-        return "lo"
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                reply = fcntl.ioctl(probe.fileno(), siocgifaddr, array.array("B", request))
-            except OSError:
-                continue
-            if socket.inet_ntoa(bytes(reply[20:24])) == address:
-                return name
-    return None
+def _tcp(endpoint: str) -> str:
+    host, port = split_endpoint(endpoint)
+    address = socket.gethostbyname(host)  # ZeroMQ binds addresses, not names
+    return f"tcp://{address}:{port}"
 
 
 def wait_for_port(endpoint: str, timeout: float) -> None:
@@ -128,158 +132,373 @@ def wait_for_port(endpoint: str, timeout: float) -> None:
         time.sleep(0.1)
 
 
-class PresenceListener:
-    """Accepts and closes connections on a server's endpoint (servers other
-    than server 0, whose endpoint carries the rendezvous store)."""
+# -- keys ---------------------------------------------------------------------------
 
-    def __init__(self, endpoint: str) -> None:
-        host, port = split_endpoint(endpoint)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self._sock.listen(64)
-        self._sock.settimeout(0.2)
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """The job's two CURVE key pairs (Z85 text), derived from the job key."""
+
+    server_public: bytes
+    server_secret: bytes
+    worker_public: bytes
+    worker_secret: bytes
+
+    @classmethod
+    def from_job_key(cls, key: str | None) -> CurveKeys | None:
+        """The key pairs of a job key (None without one: NULL mechanism)."""
+        if key is None:
+            return None
+        server_secret = z85.encode(derive(key, "ps/curve/server"))
+        worker_secret = z85.encode(derive(key, "ps/curve/worker"))
+        return cls(
+            zmq.curve_public(server_secret), server_secret,
+            zmq.curve_public(worker_secret), worker_secret,
+        )
+
+
+class _Authenticator:
+    """ZeroMQ's ZAP handler for one context: admits CURVE peers that hold the
+    workers' key, refuses (and logs) every other peer."""
+
+    def __init__(self, context: zmq.Context, keys: CurveKeys, where: str) -> None:
+        self._worker_key = z85.decode(keys.worker_public)
+        self._where = where
+        self._socket = context.socket(zmq.REP)
+        self._socket.linger = 0
+        self._socket.bind(_ZAP_ENDPOINT)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ps-presence", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="ps-zap", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
         while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except (TimeoutError, OSError):
+            if not poller.poll(_POLL_MS):
                 continue
-            conn.close()
+            request = self._socket.recv_multipart()
+            try:
+                version, request_id, _domain, address, _identity, mechanism, *credentials = (
+                    request
+                )
+            except ValueError:
+                self._socket.send_multipart([b"1.0", b"", b"500", b"bad ZAP request", b"", b""])
+                continue
+            admitted = mechanism == b"CURVE" and credentials[:1] == [self._worker_key]
+            if admitted:
+                reply = [version, request_id, b"200", b"OK", b"worker", b""]
+            else:
+                log.warning(
+                    "%s refused a connection from %s: it did not prove this job's key "
+                    "(mechanism %s)", self._where, address.decode(errors="replace"),
+                    mechanism.decode(errors="replace"),
+                )
+                reply = [version, request_id, b"400", b"not this job's key", b"", b""]
+            self._socket.send_multipart(reply)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._sock.close()
+        self._socket.close()
 
 
-def init_group(
-    name: str, rank: int, world_size: int, server_endpoints: Sequence[str], start_timeout: float
-) -> None:
-    """Joins the job's static RPC group (blocks until every process joined)."""
-    host, port = split_endpoint(server_endpoints[0])
-    ifname = interface_for(host)
-    if ifname is not None:
-        os.environ.setdefault("TP_SOCKET_IFNAME", ifname)
-    options = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"{bind.SCHEME}://{host}:{port}",  # the store on its host only
-        rpc_timeout=start_timeout,
-        num_worker_threads=max(16, 2 * world_size),
-    )
-    with warnings.catch_warnings():
-        # init_rpc exchanges device maps over a gloo group it builds itself, which
-        # torch >= 2.0 reports as deprecated usage; nothing for callers to change.
-        warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
-        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
+# -- server side ----------------------------------------------------------------
 
 
-def shutdown_group(graceful: bool = False, timeout: float = 30.0) -> None:
-    """Leaves the RPC group. ``graceful``: first wait (up to ``timeout``) for
-    every process to get here, so nobody sees its peers' pipes close; otherwise
-    (or when that fails) leave at once, since peers may be gone."""
-    if graceful:
+Handler = Callable[..., Any]
+
+
+class ServerEndpoint:
+    """A server's listening socket: decodes requests, runs ``handlers[op](*args)``
+    on a thread pool and sends each result (or future's result) back.
+
+    Args:
+        endpoint: ``host:port`` to bind (that address only).
+        keys: the job's CURVE keys, or None (NULL mechanism).
+        handlers: operation name -> function (``wire.OPS`` names).
+        threads: handler threads.
+        name: how log lines name this server.
+    """
+
+    def __init__(
+        self, endpoint: str, keys: CurveKeys | None, handlers: dict[str, Handler],
+        threads: int, name: str,
+    ) -> None:
+        self.endpoint = endpoint
+        self.name = name
+        self._handlers = handlers
+        self._context = zmq.Context()
+        self._auth = None if keys is None else _Authenticator(self._context, keys, name)
+        self._router = self._context.socket(zmq.ROUTER)
+        self._router.linger = 2000  # the last replies (stop_worker's) still go out
+        self._router.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        if keys is not None:
+            self._router.curve_server = True
+            self._router.curve_secretkey = keys.server_secret
+            self._router.curve_publickey = keys.server_public
+        self._monitor = self._router.get_monitor_socket(_HANDSHAKE_FAILURES)
         try:
-            rpc.shutdown(graceful=True, timeout=timeout)
+            self._router.bind(_tcp(endpoint))
+        except zmq.ZMQError as err:
+            self._close_sockets()
+            raise TrainerError(f"{name} cannot listen on {endpoint}: {err}") from None
+        inbox = f"inproc://ps-replies-{id(self)}"
+        self._replies = self._context.socket(zmq.PULL)
+        self._replies.bind(inbox)
+        self._reply_push = self._context.socket(zmq.PUSH)
+        self._reply_push.connect(inbox)
+        self._reply_lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="ps-call")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ps-server-io", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for sock in (self._router, self._replies, self._monitor):
+            poller.register(sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            for sock, _ in poller.poll(_POLL_MS):
+                if sock is self._router:
+                    self._receive(self._router.recv_multipart(copy=False))
+                elif sock is self._replies:
+                    self._router.send_multipart(self._replies.recv_multipart(copy=False))
+                else:
+                    event = recv_monitor_message(self._monitor)
+                    log.warning(
+                        "%s refused a connection on %s: handshake failed (%s); a peer "
+                        "without this job's key, or of another protocol", self.name,
+                        self.endpoint, _event_name(event["event"]),
+                    )
+
+    def _receive(self, frames: list[zmq.Frame]) -> None:
+        routing, message = frames[0], frames[1:]
+        try:
+            header, body = wire.decode(message)
+            args = wire.check_args(header.get("op"), body)
+        except wire.ProtocolError as err:
+            peer = message[0].get("Peer-Address") if message else "?"
+            log.warning("%s refused a message from %s: %s", self.name, peer, err)
+            request_id = _request_id(message)
+            if request_id is not None:
+                self._reply(routing, request_id, error=err)
             return
-        except Exception as err:  # noqa: BLE001 - fall back to a local shutdown
-            log.warning("graceful rpc shutdown failed (%s); leaving without it", err)
+        self._pool.submit(self._call, routing, header["id"], header["op"], args)
+
+    def _call(self, routing: zmq.Frame, request_id: int, op: str, args: list) -> None:
+        try:
+            result = self._handlers[op](*args)
+        except Exception as err:  # noqa: BLE001 - the caller gets it as its call's error
+            self._reply(routing, request_id, error=err)
+            return
+        if isinstance(result, concurrent.futures.Future):
+            result.add_done_callback(lambda done: self._reply_future(routing, request_id, done))
+        else:
+            self._reply(routing, request_id, body=result)
+
+    def _reply_future(self, routing: zmq.Frame, request_id: int, done: Any) -> None:
+        error = done.exception()
+        if error is None:
+            self._reply(routing, request_id, body=done.result())
+        else:
+            self._reply(routing, request_id, error=error)
+
+    def _reply(
+        self, routing: zmq.Frame, request_id: int, body: Any = None,
+        error: BaseException | None = None,
+    ) -> None:
+        header: dict[str, Any] = {"v": wire.PROTOCOL_VERSION, "id": request_id}
+        if error is not None:
+            header["error"] = {"type": type(error).__name__, "message": str(error)}
+        try:
+            frames = wire.encode(header, body)
+        except TypeError as err:
+            frames = wire.encode({**header, "error": {"type": "TypeError", "message": str(err)}},
+                                 None)
+        with self._reply_lock:
+            if not self._stop.is_set():
+                self._reply_push.send_multipart([routing, *frames])
+
+    def close(self) -> None:
+        """Stops serving: waits (briefly) for replies in flight, then closes."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        time.sleep(0.05)  # let the I/O thread forward the last replies
+        with self._reply_lock:
+            self._stop.set()
+        self._thread.join(timeout=5)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in ("_reply_push", "_replies", "_monitor", "_router"):
+            if hasattr(self, sock):
+                getattr(self, sock).close()
+        if self._auth is not None:
+            self._auth.close()
+        self._context.term()
+
+
+def _request_id(message: Sequence[zmq.Frame]) -> int | None:
+    # Best effort, for an error reply to a message that failed to decode.
+    import json
+
     try:
-        rpc.shutdown(graceful=False)
-    except Exception as err:  # noqa: BLE001 - a failed shutdown must not mask the cause
-        log.debug("rpc.shutdown failed: %s", err)
+        value = json.loads(bytes(message[0].buffer)).get("id")
+    except Exception:  # noqa: BLE001 - undecodable: no reply
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-@contextlib.contextmanager
-def leaving_group_after() -> Iterator[None]:
-    """Runs the block, then leaves the RPC group: gracefully (every process waits
-    for the others, up to ``start_timeout()``) when the block succeeded, at once
-    when it raised (its peers may be gone)."""
-    try:
-        yield
-    except BaseException:
-        shutdown_group()
-        raise
-    shutdown_group(graceful=True, timeout=start_timeout())
+def _event_name(event: int) -> str:
+    for name in ("NO_DETAIL", "PROTOCOL", "AUTH"):
+        if event == getattr(zmq, f"EVENT_HANDSHAKE_FAILED_{name}"):
+            return name.lower().replace("_", " ")
+    return str(event)
 
 
-# -- secret -----------------------------------------------------------------
-
-_server_secret: str | None = None
-
-
-def set_server_secret(secret: str | None) -> None:
-    global _server_secret
-    _server_secret = secret
-
-
-def check_secret(secret: str | None) -> None:
-    """Rejects a call that does not carry this job's secret (when the job has one)."""
-    if _server_secret is None:
-        return
-    if secret is None or not hmac.compare_digest(str(secret), _server_secret):
-        raise PermissionError(
-            "parameter server rejected a call without this job's secret "
-            "(FLEETFEED_JOB_SECRET differs: a process of another job?)"
-        )
-
-
-# -- calls ------------------------------------------------------------------
-
-
-def _is_remote_exception(err: BaseException) -> bool:
-    # A handler's own exception comes back with the server's traceback in its
-    # message; a transport failure (timeout, reset, closed pipe) does not.
-    return "Traceback (most recent call last)" in str(err)
+# -- worker side ----------------------------------------------------------------
 
 
 class ServerSet:
-    """A worker's view of the servers: parallel calls with timeouts."""
+    """A worker's connections to the servers: calls with timeouts, in parallel.
 
-    def __init__(self, endpoints: Sequence[str], secret: str | None, timeout: float) -> None:
+    ``call_async`` returns a ``concurrent.futures.Future``; ``wait`` turns a
+    timeout, a dropped connection or a handler's error into this package's
+    errors. Functions are named by their ``__name__`` (``server.push`` ->
+    operation ``"push"``).
+    """
+
+    def __init__(self, endpoints: Sequence[str], keys: CurveKeys | None, timeout: float) -> None:
         self.endpoints = tuple(endpoints)
-        self.secret = secret
         self.timeout = timeout
+        self._context = zmq.Context()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}
+        self._dealers = []
+        self._monitors = []
+        for endpoint in self.endpoints:
+            dealer = self._context.socket(zmq.DEALER)
+            dealer.linger = 0
+            dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            if keys is not None:
+                dealer.curve_serverkey = keys.server_public
+                dealer.curve_publickey = keys.worker_public
+                dealer.curve_secretkey = keys.worker_secret
+            self._monitors.append(dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+            dealer.connect(_tcp(endpoint))
+            self._dealers.append(dealer)
+        outbox = f"inproc://ps-requests-{id(self)}"
+        self._outbox = self._context.socket(zmq.PULL)
+        self._outbox.bind(outbox)
+        self._send = self._context.socket(zmq.PUSH)
+        self._send.connect(outbox)
+        self._closed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ps-client-io", daemon=True)
+        self._thread.start()
 
     def __len__(self) -> int:
         return len(self.endpoints)
 
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._outbox, zmq.POLLIN)
+        for sock in (*self._dealers, *self._monitors):
+            poller.register(sock, zmq.POLLIN)
+        kinds = {id(d): ("reply", i) for i, d in enumerate(self._dealers)}
+        kinds.update({id(m): ("lost", i) for i, m in enumerate(self._monitors)})
+        while not self._stop.is_set():
+            for sock, _ in poller.poll(_POLL_MS):
+                if sock is self._outbox:
+                    index, *frames = self._outbox.recv_multipart(copy=False)
+                    self._dealers[int(bytes(index.buffer))].send_multipart(frames, copy=False)
+                    continue
+                kind, index = kinds[id(sock)]
+                if kind == "reply":
+                    self._deliver(index, sock.recv_multipart(copy=False))
+                else:
+                    recv_monitor_message(sock)
+                    self._fail_pending(index, "the connection dropped")
+
+    def _deliver(self, index: int, frames: list[zmq.Frame]) -> None:
+        try:
+            header, body = wire.decode(frames)
+        except wire.ProtocolError as err:
+            log.warning("parameter server %d sent a reply that does not decode: %s", index, err)
+            return
+        with self._lock:
+            entry = self._pending.pop(header["id"], None)
+        if entry is None or entry[0] != index:
+            return  # a reply to a call that timed out
+        future = entry[1]
+        error = header.get("error")
+        if error is None:
+            future.set_result(body)
+            return
+        kind = error.get("type") if isinstance(error, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        future.set_exception(ServerCallError(
+            f"parameter server {index} at {self.endpoints[index]} failed the call: "
+            f"{kind}: {message}", endpoint=self.endpoints[index], remote_type=str(kind),
+        ))
+
+    def _fail_pending(self, index: int, why: str) -> None:
+        with self._lock:
+            lost = [rid for rid, (s, _) in self._pending.items() if s == index]
+            futures = [self._pending.pop(rid)[1] for rid in lost]
+        for future in futures:
+            future.set_exception(self.unavailable(index, "a call", ConnectionError(why)))
+
     def unavailable(self, index: int, what: str, err: BaseException) -> ServerUnavailableError:
+        """The error for server ``index`` not answering ``what``."""
         endpoint = self.endpoints[index]
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return ServerUnavailableError(
-            f"parameter server {index} at {endpoint} did not answer {what}: "
-            f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__} "
+            f"parameter server {index} at {endpoint} did not answer {what}: {text} "
             f"(bound: {self.timeout:g}s, FLEETFEED_PS_TIMEOUT)",
             endpoint=endpoint,
         )
 
     def call_async(
         self, index: int, func: Callable[..., Any], *args: Any, timeout: float | None = None
-    ) -> Any:
-        try:
-            return rpc.rpc_async(
-                server_name(index),
-                func,
-                args=(self.secret, *args),
-                timeout=self.timeout if timeout is None else timeout,
-            )
-        except RuntimeError as err:
-            raise self.unavailable(index, func.__name__, err) from err
+    ) -> concurrent.futures.Future:
+        """Sends ``func(*args)`` to server ``index``; its future result."""
+        op = func.__name__
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        future.op = op
+        request_id = next(self._ids)
+        frames = wire.encode({"v": wire.PROTOCOL_VERSION, "id": request_id, "op": op}, list(args))
+        with self._lock:
+            if self._closed:
+                raise self.unavailable(index, op, ConnectionError("this worker left the job"))
+            self._pending[request_id] = (index, future)
+            self._send.send_multipart([str(index).encode(), *frames])
+        return future
 
-    def wait(self, index: int, future: Any, what: str) -> Any:
+    def wait(self, index: int, future: concurrent.futures.Future, what: str) -> Any:
+        """The result of ``future`` (from ``call_async(index, ...)``).
+
+        Raises:
+            ServerUnavailableError: no answer within the call's timeout, or the
+                connection dropped.
+            ServerCallError: the server's handler raised.
+        """
+        deadline = getattr(future, "deadline", time.monotonic() + self.timeout)
         try:
-            return future.wait()
-        except RuntimeError as err:
-            if _is_remote_exception(err):
-                raise
-            raise self.unavailable(index, what, err) from err
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                for rid, (_, pending) in list(self._pending.items()):
+                    if pending is future:
+                        del self._pending[rid]
+            raise self.unavailable(index, what, TimeoutError("no answer in time")) from None
 
     def call(
         self, index: int, func: Callable[..., Any], *args: Any, timeout: float | None = None
     ) -> Any:
+        """``func(*args)`` on server ``index``, waited for."""
         return self.wait(index, self.call_async(index, func, *args, timeout=timeout), func.__name__)
 
     def call_all(
@@ -292,3 +511,17 @@ class ServerSet:
             args = () if per_server_args is None else per_server_args[index]
             futures.append(self.call_async(index, func, *args, timeout=timeout))
         return [self.wait(i, f, func.__name__) for i, f in enumerate(futures)]
+
+    def close(self) -> None:
+        """Closes the connections; calls still pending fail."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for index in range(len(self.endpoints)):
+            self._fail_pending(index, "this worker left the job")
+        for sock in (self._send, self._outbox, *self._monitors, *self._dealers):
+            sock.close(linger=0)
+        self._context.term()
