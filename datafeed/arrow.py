@@ -17,10 +17,17 @@ record per slot. Decoding returns the offset-free layout again.
 Encoding shares the values' memory (numpy -> Arrow is zero-copy); decoding
 returns numpy views of the Arrow buffers, made by ``view`` (by default
 read-only views; the cache passes writable views of its memory map).
+
+Bytes from outside (a cache file, a peer's payload) are checked before any of
+their memory is used as records: ``stream_batch`` and ``file_problem`` refuse
+compressed bodies before decoding them, and ``batch_problem`` runs Arrow's full
+validation and refuses what fleetfeed never writes (nulls, validity bitmaps,
+buffers outside the bytes that were read).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -126,6 +133,144 @@ def schema_problem(schema: SlotSchema, found: pa.Schema | Iterable[pa.Field], *,
     return None
 
 
+# Field numbers of Arrow's IPC flatbuffers (format/Message.fbs): Message.header,
+# and RecordBatch.compression (present only when the body is compressed).
+_MESSAGE_HEADER = 2
+_RECORD_BATCH_COMPRESSION = 3
+
+
+def _flatbuffer_field(data: bytes, table: int, index: int) -> int | None:
+    """Where field ``index`` of the flatbuffer table at ``table`` lies, or None if absent."""
+    vtable = table - struct.unpack_from("<i", data, table)[0]
+    vtable_size = struct.unpack_from("<H", data, vtable)[0]
+    entry = 4 + 2 * index
+    if entry + 2 > vtable_size:
+        return None
+    offset = struct.unpack_from("<H", data, vtable + entry)[0]
+    return table + offset if offset else None
+
+
+def is_compressed(message: pa.ipc.Message) -> bool:
+    """Whether a record batch message says its body is compressed (zstd, lz4).
+
+    Read from the message's header alone: decoding a compressed body would
+    allocate and fill as many bytes as the writer claims, before any check.
+    """
+    data = message.metadata.to_pybytes()  # verified by Arrow when it read the message
+    try:
+        header = _flatbuffer_field(data, struct.unpack_from("<I", data, 0)[0], _MESSAGE_HEADER)
+        if header is None:
+            return False
+        header += struct.unpack_from("<I", data, header)[0]
+        return _flatbuffer_field(data, header, _RECORD_BATCH_COMPRESSION) is not None
+    except struct.error:
+        raise ValueError("a message header that cannot be read") from None
+
+
+def batch_problem(batch: pa.RecordBatch, memory: tuple[int, int] | None = None) -> str | None:
+    """What is wrong with a record batch read from outside, or None.
+
+    Arrow's full validation (offsets in order and within the values, lengths,
+    null counts), then what fleetfeed never writes: nulls, validity bitmaps,
+    and, given ``memory`` (address and size of the bytes the batch was read
+    from), buffers elsewhere, as a compressed body decodes into.
+    """
+    try:
+        batch.validate(full=True)
+    except pa.ArrowException as error:
+        return f"Arrow's validation failed: {error}"
+    start, size = memory if memory is not None else (0, 0)
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        arrays = [column] if pa.types.is_primitive(column.type) else [column, column.values]
+        for array in arrays:
+            if array.null_count or array.buffers()[0] is not None:
+                return f"column {name!r} has a validity bitmap (fleetfeed writes no nulls)"
+            for buffer in array.buffers()[1:]:
+                if memory is not None and buffer is not None and buffer.size and not (
+                    start <= buffer.address and buffer.address + buffer.size <= start + size
+                ):
+                    return (
+                        f"column {name!r} has a buffer outside the bytes read (a "
+                        "compressed body?); expected uncompressed Arrow IPC"
+                    )
+    return None
+
+
+def _memory_of(data: np.ndarray | pa.Buffer) -> tuple[int, int]:
+    if isinstance(data, np.ndarray):
+        return data.ctypes.data, data.nbytes
+    return data.address, data.size
+
+
+def stream_batch(data: np.ndarray | pa.Buffer,
+                 schema_check: Callable[[pa.Schema], str | None]) -> pa.RecordBatch:
+    """The one record batch of the Arrow IPC stream ``data``, checked before use.
+
+    The stream must hold a schema that ``schema_check`` accepts (it returns
+    what is wrong, or None), one uncompressed record batch that passes
+    ``batch_problem``, and nothing more. Memory is shared with ``data``.
+
+    Raises:
+        ValueError: what was expected and what was found.
+    """
+    buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(buffer))
+        messages = []
+        for _ in range(3):  # a schema, one record batch, the end
+            messages.append(reader.read_next_message())
+    except StopIteration:
+        pass
+    except (pa.ArrowException, OSError) as error:
+        raise ValueError(f"not a readable Arrow IPC stream ({error})") from None
+    kinds = [m.type for m in messages]
+    if kinds != ["schema", "record batch"]:
+        raise ValueError(
+            f"messages {kinds}, expected a schema and one record batch (then the end)"
+        )
+    try:
+        arrow_schema = pa.ipc.read_schema(messages[0])
+    except pa.ArrowException as error:
+        raise ValueError(f"an unreadable schema ({error})") from None
+    problem = schema_check(arrow_schema)
+    if problem is not None:
+        raise ValueError(problem)
+    if is_compressed(messages[1]):
+        raise ValueError("a compressed record batch, expected uncompressed Arrow IPC")
+    try:
+        batch = pa.ipc.read_record_batch(messages[1], arrow_schema)
+    except pa.ArrowException as error:
+        raise ValueError(f"an unreadable record batch ({error})") from None
+    problem = batch_problem(batch, _memory_of(data))
+    if problem is not None:
+        raise ValueError(problem)
+    return batch
+
+
+def file_problem(data: pa.Buffer) -> str | None:
+    """What is wrong with the messages of the Arrow IPC file ``data``, or None.
+
+    Its record batches must be uncompressed, and it must hold no dictionaries;
+    read from the message headers only, before any batch is decoded.
+    """
+    magic = b"ARROW1\0\0"
+    if data.size < len(magic) or data.slice(0, len(magic)).to_pybytes() != magic:
+        return "no Arrow IPC file signature"
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data.slice(len(magic))))
+        for number, message in enumerate(reader):
+            if message.type not in ("schema", "record batch"):
+                return f"message {number} is a {message.type}, expected record batches"
+            if message.type == "record batch" and is_compressed(message):
+                return (
+                    f"message {number} is a compressed record batch, expected "
+                    "uncompressed Arrow IPC"
+                )
+    except (pa.ArrowException, OSError) as error:
+        return f"unreadable messages ({error})"
+    return None
+
+
 # -- decoding ------------------------------------------------------------------------
 
 
@@ -192,6 +337,7 @@ def chunk_from_record_batch(schema: SlotSchema, batch: pa.RecordBatch, *,
 
 
 __all__ = [
-    "arrow_schema_of", "arrow_type", "chunk_from_record_batch", "chunk_to_record_batch",
-    "column_from_arrow", "column_to_arrow", "readonly_view", "schema_problem", "value_type",
+    "arrow_schema_of", "arrow_type", "batch_problem", "chunk_from_record_batch",
+    "chunk_to_record_batch", "column_from_arrow", "column_to_arrow", "file_problem",
+    "is_compressed", "readonly_view", "schema_problem", "stream_batch", "value_type",
 ]

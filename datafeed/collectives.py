@@ -156,10 +156,15 @@ class TimedCollectives:
         work.wait() if self.timeout is None else work.wait(datetime.timedelta(milliseconds=1))
 
     def exchange(
-        self, send: np.ndarray, send_sizes: list[int], what: str
+        self, send: np.ndarray, send_sizes: list[int], what: str,
+        limits: list[int] | None = None,
     ) -> list[tuple[int, np.ndarray]]:
         """Sends ``send_sizes[d]`` bytes of ``send`` (in rank order) to rank ``d``;
-        returns (source, bytes) for each rank that sent any."""
+        returns (source, bytes) for each rank that sent any.
+
+        ``limits[s]``: the most bytes rank ``s`` may send; a rank that announces
+        more (or a negative size) is refused before anything is allocated for it.
+        """
         torch = self.torch
         sizes = torch.tensor(send_sizes, dtype=torch.int64)
         incoming = torch.empty(self.world, dtype=torch.int64)
@@ -169,6 +174,14 @@ class TimedCollectives:
             ),
             f"{what}: exchanging sizes",
         )
+        for source, announced in enumerate(incoming.tolist()):
+            limit = None if limits is None else limits[source]
+            if announced < 0 or (limit is not None and announced > limit):
+                raise GlobalShuffleError(
+                    f"rank {self.rank}: global_shuffle {what}: rank {source} announced a "
+                    f"payload of {announced} bytes, expected 0 to {limit} bytes",
+                    rank=self.rank, peers=(source,),
+                )
         recv = torch.empty(int(incoming.sum()), dtype=torch.uint8)
         self.run(
             lambda: self.dist.all_to_all_single(

@@ -14,8 +14,12 @@ which holds it at local position ``j // world``. So:
   duplicated record is detected, not guessed from counts.
 
 Records travel as Arrow IPC streams (never pickle), each carrying its position in
-an extra column and checked against the slots on arrival, through
-``all_to_all_single`` on byte tensors. They go in rounds of at least
+an extra column, through ``all_to_all_single`` on byte tensors. A peer is not
+trusted: every payload is checked before its memory is used (``_decode``): its
+announced size against what its records can take, the exact schema, one
+uncompressed record batch that passes Arrow's full validation (offsets in order
+and within bounds), and exactly the positions this rank expects from that peer
+in that round; a refusal is a ``GlobalShuffleError`` naming the peer. They go in rounds of at least
 ``send_batch_size`` records per destination per sender and about ``ROUND_BYTES``,
 so the memory in flight stays bounded (``benchmarks/bench_global_shuffle.py``,
 1M Criteo-layout records per worker, 2 workers on a 2-core machine: 0.85-1.0 M
@@ -39,7 +43,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .arrow import chunk_from_record_batch, chunk_to_record_batch, schema_problem
+from .arrow import chunk_from_record_batch, chunk_to_record_batch, schema_problem, stream_batch
 from .collectives import HeldTermination, TimedCollectives, host_group
 from .columns import RecordChunk
 from .errors import GlobalShuffleError
@@ -128,6 +132,7 @@ def _shuffle(
         "exchanging counts",
     )
     table = torch.stack(gathered).numpy()
+    _check_announced(table, rank)
     counts, seeds, given, nbytes = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
     if given.any() and (not given.all() or len(set(seeds.tolist())) > 1):
         described = ", ".join(
@@ -151,19 +156,22 @@ def _shuffle(
         total,
         seed,
     )
-    # 2. Where each local record goes: position j of the global permutation.
+    # 2. Rounds: each sender sends ``send_batch_size * world`` of its records per
+    # round, or about ROUND_BYTES of them when that is more.
+    record_bytes = max(1, int(nbytes.sum()) // max(1, total))
+    per_round = max(send_batch_size * world, ROUND_BYTES // record_bytes)
+    rounds = max(1, -(-int(counts.max()) // per_round))
+    # 3. Where each local record goes: position j of the global permutation; and
+    # which positions each peer must send here in each round.
     perm = np.random.default_rng(seed).permutation(total)
     mask = (perm >= first) & (perm < first + local)
     positions = np.empty(local, dtype=np.int64)
     where = np.flatnonzero(mask)
     positions[perm[where] - first] = where
-    del perm, mask, where
+    del mask, where
+    expected, bounds = _expected_arrivals(perm, counts, rank, world, per_round, rounds)
+    del perm
     destinations = positions % world
-    # 3. Rounds: each sender sends ``send_batch_size * world`` of its records per
-    # round, or about ROUND_BYTES of them when that is more.
-    record_bytes = max(1, int(nbytes.sum()) // max(1, total))
-    per_round = max(send_batch_size * world, ROUND_BYTES // record_bytes)
-    rounds = max(1, -(-int(counts.max()) // per_round))
     schema = store.schema
     received: list[RecordChunk] = []
     received_positions: list[np.ndarray] = []
@@ -182,9 +190,20 @@ def _shuffle(
             threads,
         )
         del part
-        arrivals = comm.exchange(*payloads, f"round {index + 1} of {rounds}")
-        for source, buffer in arrivals:
-            chunk, pos = _decode(schema, buffer, source, rank, world)
+        what = f"round {index + 1} of {rounds}"
+        due = [expected[bounds[index * world + s] : bounds[index * world + s + 1]]
+               for s in range(world)]
+        limits = [_payload_limit(len(schema), len(d), int(nbytes[s])) for s, d in enumerate(due)]
+        arrivals = dict(comm.exchange(*payloads, what, limits=limits))
+        for source in range(world):
+            if source not in arrivals and len(due[source]):
+                raise GlobalShuffleError(
+                    f"rank {rank}: global_shuffle {what}: rank {source} sent nothing, "
+                    f"expected {len(due[source])} records",
+                    rank=rank, peers=(source,),
+                )
+        for source, buffer in arrivals.items():
+            chunk, pos = _decode(schema, buffer, source, rank, world, due[source])
             received.append(chunk)
             received_positions.append(pos)
         del payloads, arrivals
@@ -227,6 +246,47 @@ def _shuffle(
     )
     return result, seed
 
+
+
+def _check_announced(table: np.ndarray, rank: int) -> None:
+    """Every rank's announced count, bytes and seed flag must be possible."""
+    for source, (count, _seed, given, nbytes) in enumerate(table.tolist()):
+        if count < 0 or nbytes < 0 or given not in (0, 1):
+            raise GlobalShuffleError(
+                f"rank {rank}: global_shuffle: rank {source} announced {count} records of "
+                f"{nbytes} bytes (seed flag {given}); expected counts and sizes >= 0",
+                rank=rank, peers=(source,),
+            )
+
+
+def _expected_arrivals(
+    perm: np.ndarray, counts: np.ndarray, rank: int, world: int, per_round: int, rounds: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The positions this rank must receive, grouped by round and sender.
+
+    Record ``perm[j]`` (the ``i``-th record of its sender) goes in that sender's
+    round ``i // per_round``. Returns ``(positions, bounds)``: round ``k`` from
+    rank ``s`` brings exactly ``positions[bounds[k * world + s] : bounds[k * world + s + 1]]``
+    (ascending).
+    """
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    mine = np.arange(rank, len(perm), world, dtype=np.int64)
+    records = perm[rank::world]
+    # A rank with no records shares its start with the next: side="right" skips it.
+    senders = np.searchsorted(starts, records, side="right") - 1
+    keys = (records - starts[senders]) // per_round * world + senders
+    del senders
+    order = np.argsort(keys, kind="stable")
+    bounds = np.searchsorted(keys[order], np.arange(rounds * world + 1))
+    return mine[order], bounds
+
+
+def _payload_limit(slots: int, rows: int, sender_bytes: int) -> int:
+    """The most bytes an honest payload of ``rows`` records can take: no more
+    than the sender's whole dataset, plus positions, offsets and IPC framing."""
+    if rows == 0:
+        return 0
+    return sender_bytes + rows * 8 * (slots + 1) + 4096 * (slots + 2)
 
 
 # -- the send side -------------------------------------------------------------------
@@ -319,6 +379,9 @@ def _check_wire_schema(schema: SlotSchema, got: pa.Schema) -> str | None:
     problem = schema_problem(schema, got, uniform_sparse=True)
     if problem is not None:
         return problem
+    for field in got:
+        if pa.types.is_large_list(field.type) or field.nullable:
+            return f"column {field.name!r} is {field}, expected a non-null list or fixed_size_list"
     last = got.field(len(schema))
     if last.name != POSITION or last.type != pa.int64():
         return (
@@ -336,42 +399,47 @@ def _decode(
     source: int,
     rank: int,
     world: int,
+    expected: np.ndarray,
 ) -> tuple[RecordChunk, np.ndarray]:
-    """A payload from ``source`` as a chunk and its positions, checked against the schema."""
+    """A payload from ``source`` as a chunk and its positions, checked before use.
+
+    ``expected``: the positions (ascending) this rank must get in it. Any
+    refusal is a ``GlobalShuffleError`` that names ``source`` (in ``peers``).
+    """
     where = f"rank {rank}: global_shuffle payload from rank {source}"
+
+    def refuse(problem: str) -> GlobalShuffleError:
+        return GlobalShuffleError(f"{where} is refused: {problem}", rank=rank, peers=(source,))
+
+    def wire_schema_problem(found: pa.Schema) -> str | None:
+        problem = _check_wire_schema(schema, found)
+        if problem is None:
+            return None
+        return f"it does not match the slots: {problem} (do all ranks declare the same use_var?)"
+
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(buffer))
-        table = reader.read_all()
-    except pa.ArrowInvalid as error:
-        raise GlobalShuffleError(
-            f"{where} is not an Arrow IPC stream ({error})", rank=rank
-        ) from None
-    problem = _check_wire_schema(schema, table.schema)
-    if problem is not None:
-        raise GlobalShuffleError(
-            f"{where} does not match the slots: {problem} (do all ranks declare the "
-            "same use_var?)",
-            rank=rank,
+        batch = stream_batch(buffer, wire_schema_problem)
+    except ValueError as error:
+        raise refuse(str(error)) from None
+    if batch.num_rows != len(expected):
+        raise refuse(
+            f"it holds {batch.num_rows} records, expected {len(expected)} (as the counts "
+            "every rank announced place them)"
         )
-    batch = table.combine_chunks().to_batches()[0] if table.num_rows else None
-    if batch is None or batch.num_rows == 0:
-        raise GlobalShuffleError(f"{where} holds no records", rank=rank)
-    for i, array in enumerate(batch.columns):
-        if array.null_count:
-            raise GlobalShuffleError(
-                f"{where} has nulls in column {batch.schema.field(i).name!r}", rank=rank
-            )
     positions = batch.column(len(schema)).to_numpy()
     if (positions % world != rank).any():
-        raise GlobalShuffleError(
-            f"{where} holds records meant for other ranks", rank=rank
+        raise refuse("it holds records meant for other ranks")
+    if not np.array_equal(np.sort(positions), expected):
+        raise refuse(
+            f"its {len(positions)} positions are not the ones this round expects from it "
+            "(records lost or duplicated)"
         )
     try:
         # Read-only views (only gathered from); a column whose records all hold
         # the same number of values comes back offset-free, as the store keeps it.
         chunk = chunk_from_record_batch(schema, batch)
     except ValueError as error:
-        raise GlobalShuffleError(f"{where}: {error}", rank=rank) from None
+        raise refuse(str(error)) from None
     return chunk, positions
 
 

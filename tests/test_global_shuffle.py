@@ -312,25 +312,30 @@ def test_payloads_round_trip_and_are_checked_against_the_slots(
     send, sizes = gs._encode_round(schema, store.chunks, positions, positions % 2, 2, 1)
     assert len(sizes) == 2 and sum(sizes) == len(send)
     first = send[: sizes[0]]
-    chunk, got = gs._decode(schema, first, source=1, rank=0, world=2)
-    assert got.tolist() == list(range(0, 15, 2))
+    evens = np.arange(0, 15, 2, dtype=np.int64)
+    chunk, got = gs._decode(schema, first, source=1, rank=0, world=2, expected=evens)
+    assert got.tolist() == evens.tolist()
     decoded = RecordStore(schema, [chunk]).to_arrow().to_pylist()
     assert decoded == ds.to_arrow().to_pylist()[::2]
     # Meant for rank 1, arriving at rank 0.
     with pytest.raises(
-        GlobalShuffleError, match="from rank 1 holds records meant for other"
-    ):
-        gs._decode(schema, send[sizes[0] :], source=1, rank=0, world=2)
+        GlobalShuffleError, match="from rank 1 is refused: it holds records meant for other"
+    ) as refused:
+        gs._decode(schema, send[sizes[0] :], 1, 0, 2, np.arange(0, 14, 2, dtype=np.int64))
+    assert refused.value.peers == (1,)
+    # Fewer records than the counts announced.
+    with pytest.raises(GlobalShuffleError, match="holds 8 records, expected 7"):
+        gs._decode(schema, first, 1, 0, 2, evens[:-1])
     # Another rank's slots: named, with the slot that differs.
     other = [Slot("dense", "float32", (3,)), Slot("ids", "int64"), *schema[2:]]
     with pytest.raises(
-        GlobalShuffleError, match="from rank 1 does not match the slots: slot 'ids'"
+        GlobalShuffleError, match="from rank 1 is refused: it does not match the slots: slot 'ids'"
     ):
-        gs._decode(type(schema)(other), first, source=1, rank=0, world=2)
+        gs._decode(type(schema)(other), first, 1, 0, 2, evens)
     with pytest.raises(
-        GlobalShuffleError, match="from rank 1 is not an Arrow IPC stream"
+        GlobalShuffleError, match="from rank 1 is refused: not a readable Arrow IPC stream"
     ):
-        gs._decode(schema, np.frombuffer(b"not arrow at all", np.uint8), 1, 0, 2)
+        gs._decode(schema, np.frombuffer(b"not arrow at all", np.uint8), 1, 0, 2, evens)
 
 
 def test_equal_batches_is_a_bool_and_a_no_op_alone(small_files: list[str]) -> None:
