@@ -20,7 +20,11 @@ torch wants, and pages are shared with the page cache until written) and
 makes every column a numpy view of the mapping: no copy, no parse; pages are
 read on first touch. A cache whose slots differ from ``use_var``, whose
 sources differ from the file list, or whose sources changed on disk (size or
-mtime) is refused with a ``CacheError`` that says what differs. A cache is
+mtime) is refused with a ``CacheError`` that says what differs. Nothing in the
+file is trusted: a compressed body (which pyarrow would decompress into memory
+outside the mapping, leaving the views empty), nulls, buffers outside the file,
+offsets out of order or out of bounds, and metadata of the wrong shape are
+refused with a ``CacheError`` naming the file, before any record is used. A cache is
 written to a temporary name in the same directory and renamed into place, so
 a reader never sees half a file.
 """
@@ -40,7 +44,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .arrow import arrow_schema_of, chunk_from_record_batch, chunk_to_record_batch
+from .arrow import (
+    arrow_schema_of,
+    batch_problem,
+    chunk_from_record_batch,
+    chunk_to_record_batch,
+    file_problem,
+)
 from .columns import RecordChunk
 from .errors import CacheError
 from .slots import SlotSchema
@@ -157,7 +167,8 @@ def read_cache(
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        CacheError: not a fleetfeed cache, or stale (what differs is named).
+        CacheError: not a fleetfeed cache, malformed (compressed, corrupt,
+            unexpected buffers or metadata), or stale (what differs is named).
     """
     started = time.perf_counter()
     with open(path, "rb") as file:
@@ -171,9 +182,15 @@ def read_cache(
         reader = pa.ipc.open_file(pa.py_buffer(mapped))
     except pa.ArrowInvalid as error:
         raise CacheError(f"cache {path} is not an Arrow IPC file ({error})") from None
-    meta = _metadata(path, reader.schema)
+    meta = _metadata(path, reader.schema, reader.num_record_batches)
     _check_fresh(path, meta, schema, filelist, stat)
     _check_columns(path, reader.schema, schema)
+    problem = file_problem(pa.py_buffer(mapped))  # before any batch is decoded
+    if problem is not None:
+        raise CacheError(
+            f"cache {path} is refused: {problem} (fleetfeed writes uncompressed Arrow IPC "
+            "files); delete it and load again"
+        )
     base = np.frombuffer(mapped, dtype=np.uint8)
     base_address = base.ctypes.data
 
@@ -186,13 +203,15 @@ def read_cache(
     for index in range(reader.num_record_batches):
         # Never trust a file: offsets out of order or out of bounds would make
         # later gathers read outside the arrays.
+        # Every buffer must lie in the mapping: the views below are made from
+        # addresses in it.
         try:
             batch = reader.get_batch(index)
-            batch.validate(full=True)
-        except pa.ArrowInvalid as error:
+        except pa.ArrowException as error:
             raise CacheError(f"cache {path} is corrupt: record batch {index}: {error}") from None
-        if any(column.null_count for column in batch.columns):
-            raise CacheError(f"cache {path} is corrupt: record batch {index} holds null records")
+        problem = batch_problem(batch, (base_address, size))
+        if problem is not None:
+            raise CacheError(f"cache {path} is corrupt: record batch {index}: {problem}")
         try:
             chunk = chunk_from_record_batch(
                 schema, batch, widths=meta["uniform_widths"][index], view=view
@@ -200,8 +219,17 @@ def read_cache(
         except ValueError as error:
             raise CacheError(f"cache {path} is corrupt: {error}") from None
         chunks.append(chunk)
-    sources = [SourceFile(**s) for s in meta["sources"]]
-    per_file = [FileStats(**f) for f in meta["per_file"]]
+    rows = sum(chunk.rows for chunk in chunks)
+    if rows != meta["records"]:
+        raise CacheError(
+            f"cache {path} is corrupt: its metadata says {meta['records']} records, its "
+            f"record batches hold {rows}"
+        )
+    try:
+        sources = [SourceFile(**s) for s in meta["sources"]]
+        per_file = [FileStats(**f) for f in meta["per_file"]]
+    except TypeError as error:
+        raise CacheError(f"cache {path} is corrupt: malformed metadata ({error})") from None
     stats = LoadStats.combine(per_file, time.perf_counter() - started)
     return chunks, stats, sources
 
@@ -217,17 +245,55 @@ def _check_columns(path: str, found: pa.Schema, schema: SlotSchema) -> None:
         )
 
 
-def _metadata(path: str, arrow_schema: pa.Schema) -> dict[str, Any]:
+def _metadata(path: str, arrow_schema: pa.Schema, batches: int) -> dict[str, Any]:
+    """The cache's metadata, checked to have the shape ``write_cache`` gives it."""
     raw = (arrow_schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise CacheError(f"cache {path} is an Arrow file but not a fleetfeed cache (no metadata)")
-    meta = json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+        raise CacheError(f"cache {path} has metadata that is not JSON ({error})") from None
+    if not isinstance(meta, dict):
+        raise CacheError(f"cache {path} has metadata {type(meta).__name__}, expected an object")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise CacheError(
             f"cache {path} has format {meta.get('format')!r} version {meta.get('version')!r}; "
             f"this fleetfeed reads {FORMAT!r} version {VERSION}: delete it and load again"
         )
+    problem = _metadata_problem(meta, batches)
+    if problem is not None:
+        raise CacheError(f"cache {path} is corrupt: its metadata {problem}")
     return meta
+
+
+def _metadata_problem(meta: dict[str, Any], batches: int) -> str | None:
+    def is_count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    shapes = {"slots": list, "sources": list, "per_file": list, "uniform_widths": list}
+    for key, kind in shapes.items():
+        if not isinstance(meta.get(key), kind):
+            return f"has {key!r} = {meta.get(key)!r:.80}, expected a list"
+    if not all(isinstance(s, str) for s in meta["slots"]):
+        return "has slots that are not strings"
+    for source in meta["sources"]:
+        if not (isinstance(source, dict) and isinstance(source.get("path"), str)
+                and is_count(source.get("size")) and isinstance(source.get("mtime_ns"), int)):
+            return f"has a source {source!r:.120}, expected a path, a size and an mtime_ns"
+    if not all(isinstance(f, dict) for f in meta["per_file"]):
+        return "has per_file entries that are not objects"
+    widths, slots = meta["uniform_widths"], len(meta["slots"])
+    if len(widths) != batches or not all(
+        isinstance(w, list) and len(w) == slots and all(is_count(x) for x in w) for w in widths
+    ):
+        return (
+            f"has uniform_widths for {len(widths)} record batches, expected {batches} lists "
+            f"of {slots} counts"
+        )
+    if not is_count(meta.get("records")):
+        return f"has records = {meta.get('records')!r:.80}, expected a count"
+    return None
 
 
 def _check_fresh(
