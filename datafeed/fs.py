@@ -247,8 +247,10 @@ def hdfs_filesystem(fs_name: str, fs_ugi: str = "") -> pafs.FileSystem:
 
 class DownloadCommand:
     """Paddle's ``download_cmd``: plain paths read through a shell command that
-    prints the file's bytes, the path appended as one shell-quoted argument
-    (``hadoop fs -cat`` becomes ``hadoop fs -cat '/user/x/part-0'``).
+    prints the file's bytes, the path appended after ``--`` as one shell-quoted
+    argument (``hadoop fs -cat`` becomes ``hadoop fs -cat -- '/user/x/part-0'``),
+    so that a path starting with ``-`` is never taken for an option. The path
+    ``-`` (standard input, for most commands) is refused.
 
     It stands where a filesystem does (``get_file_info``, ``open_input_stream``),
     so every reader streams its output as it streams a remote file. Files
@@ -264,11 +266,28 @@ class DownloadCommand:
         return f"DownloadCommand({self.command!r})"
 
     def shell_command(self, path: str) -> str:
-        """The shell command that prints ``path``: the path is one quoted word."""
-        return f"{self.command} {shlex.quote(path)}"
+        """The shell command that prints ``path``: ``--``, then the path as one quoted word.
+
+        Raises:
+            SchemaError: the path is ``-`` or empty.
+        """
+        self._check_path(path)
+        return f"{self.command} -- {shlex.quote(path)}"
+
+    def _check_path(self, path: str) -> None:
+        if path in ("-", ""):
+            raise SchemaError(
+                f"download_cmd {self.command!r}: the input path {path!r} names no file (the "
+                "command would read its own standard input); expected a file's path"
+            )
 
     def get_file_info(self, path: str) -> pafs.FileInfo:
-        """Every path is taken to be a file (there is nothing to ask)."""
+        """Every path is taken to be a file (there is nothing to ask), but ``-``.
+
+        Raises:
+            SchemaError: the path is ``-`` or empty.
+        """
+        self._check_path(path)
         return pafs.FileInfo(path, pafs.FileType.File)
 
     def open_input_stream(self, path: str, compression: Any = None) -> CommandStream:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import SMALL_SCHEMA, small_line
 
-from datafeed import InMemoryDataset, QueueDataset, ReaderError
+from datafeed import InMemoryDataset, QueueDataset, ReaderError, SchemaError
 from datafeed.fs import DownloadCommand
 
 # A stand-in for `hadoop fs -cat`: prints ROOT/<path without its scheme>.
@@ -69,14 +69,49 @@ def test_download_cmd_streams_in_a_queue_dataset(store):
 def test_the_path_is_one_quoted_argument(tmp_path: Path):
     marker = tmp_path / "pwned"
     nasty = f'a"; touch {marker}; ".txt $(touch {marker}) `touch {marker}`'
-    assert DownloadCommand("printf %s").shell_command(nasty) == f"printf %s {shlex.quote(nasty)}"
-    # The command receives the path as its one last argument, byte for byte.
+    assert DownloadCommand("printf %s").shell_command(nasty) == (
+        f"printf %s -- {shlex.quote(nasty)}"
+    )
+    # The command receives "--", then the path as its one last argument.
     dataset = InMemoryDataset()
     dataset.init(use_var=SMALL_SCHEMA, on_bad_line="skip", download_cmd="printf '%s\\n'")
     dataset.set_filelist([nasty])
     dataset.load_into_memory()
-    assert dataset.stats().lines == 1 and dataset.stats().skipped_lines == 1
+    assert dataset.stats().lines == 2 and dataset.stats().skipped_lines == 2
     assert not marker.exists()
+
+
+ARGV_AS_A_RECORD = """
+import sys
+if sys.argv[1:] != ["--", "--help"]:
+    sys.exit(f"unexpected arguments {sys.argv[1:]}")
+sys.stdout.write("3 1 2 3 1 7 1 -7 1 0\\n")
+"""
+
+
+def test_a_path_that_looks_like_an_option_is_not_one(tmp_path: Path):
+    """``--help`` reaches the command after ``--``: a file name, not an option."""
+    script = tmp_path / "argv.py"
+    script.write_text(ARGV_AS_A_RECORD)
+    dataset = InMemoryDataset()
+    dataset.init(use_var=SMALL_SCHEMA, download_cmd=shlex.join([sys.executable, str(script)]))
+    dataset.set_filelist(["--help"])
+    dataset.load_into_memory()
+    assert dataset.stats().records == 1
+    assert dataset.to_arrow().column("ids").to_pylist() == [[7]]
+
+
+@pytest.mark.parametrize("path", ["-", ""])
+def test_a_path_that_names_standard_input_is_refused(path):
+    dataset = InMemoryDataset()
+    dataset.init(use_var=SMALL_SCHEMA, download_cmd="hadoop fs -cat")
+    with pytest.raises(SchemaError) as refused:
+        dataset.set_filelist(["afs:/day/part-0", path])
+    assert str(refused.value) == (
+        f"download_cmd 'hadoop fs -cat': the input path {path!r} names no file (the command "
+        "would read its own standard input); expected a file's path"
+    )
+    assert dataset.get_filelist() == []
 
 
 @pytest.mark.parametrize("pipe", ["cat", "cat | cat"])
