@@ -1,8 +1,12 @@
 """Child processes: pipe commands and download commands, and how they end.
 
 A command runs as ``bash -c "set -o pipefail; <command>"`` in its own process
-group, so that stopping it (``kill_group``) also stops what it started. Its
-stderr goes to a temporary file; when it fails, the ``ReaderError`` names the
+group (datafeed/process_groups.py), so that stopping it also stops what it
+started. The group is ended (SIGTERM, then SIGKILL after a grace period) once
+its leader has exited (a background child left behind is killed, not waited
+for), on an error, on a timeout and on close, and at exit or SIGTERM of the
+Python process. Only the last ``STDERR_TAIL_BYTES`` of its stderr are kept
+(nothing is spooled to disk); when it fails, the ``ReaderError`` names the
 command, the input, the exit status or the signal's name, and the last lines of
 that stderr. Every child is waited for and every pipe closed, on success and on
 error.
@@ -23,12 +27,21 @@ import io
 import os
 import signal
 import subprocess
-import tempfile
 import threading
+import time
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ReaderError
+from .process_groups import (
+    STDERR_TAIL_BYTES,
+    STDERR_TAIL_LINES,
+    StderrTail,
+    end_group,
+    kill_group,
+    spawn,
+    stderr_tail,
+)
 
 if TYPE_CHECKING:
     from .parsing import ChunkParser
@@ -37,19 +50,17 @@ __all__ = [
     "CommandStream",
     "Feeder",
     "PipeProcess",
+    "STDERR_TAIL_BYTES",
+    "STDERR_TAIL_LINES",
     "describe_exit",
     "exit_error",
     "feed_in_pieces",
-    "kill_group",
     "start_shell",
-    "stderr_tail",
 ]
 
-# Lines of a failed command's stderr quoted in its error.
-STDERR_TAIL_LINES = 20
-# Only the end of the stderr file is read for them: a chatty command's megabytes
-# of warnings are not loaded to quote 20 lines.
-STDERR_TAIL_BYTES = 16384
+# Once a command exited and its group was ended, its output must end within
+# this: only a process that left the group (setsid) can still hold it open.
+HELD_OUTPUT_SECONDS = 2.0
 # A larger pipe means fewer, larger reads of a command's output.
 PIPE_BUFFER_BYTES = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -60,38 +71,13 @@ COPY_BYTES = 1 << 20
 # -- starting, stopping, and the end of a command -------------------------------------
 
 
-def start_shell(command: str, stdin: Any, stderr: Any) -> subprocess.Popen:
+def start_shell(command: str, stdin: Any, stderr: Any = subprocess.PIPE) -> subprocess.Popen:
     """Starts ``bash -c "set -o pipefail; <command>"`` with its stdout a pipe.
 
-    It runs in its own process group (``kill_group`` reaches its children), so
+    It runs in its own process group (``end_group`` reaches its children), so
     a failure anywhere in a pipeline is its exit status.
     """
-    return _spawn(["bash", "-c", "set -o pipefail; " + command], stdin, stderr)
-
-
-def _spawn(args: list[str], stdin: Any, stderr: Any) -> subprocess.Popen:
-    """Starts ``args`` in its own process group, its stdout a pipe."""
-    return subprocess.Popen(
-        args, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True
-    )
-
-
-def kill_group(process: subprocess.Popen) -> None:
-    """Kills ``process`` and everything it started, unless it already ended."""
-    if process.poll() is None:
-        # It may have ended in the meantime.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-
-
-def stderr_tail(file: IO[bytes] | None, count: int = STDERR_TAIL_LINES) -> str:
-    """The last ``count`` lines a command wrote to the stderr file ``file``."""
-    if file is None:
-        return ""
-    file.seek(0, os.SEEK_END)
-    file.seek(max(0, file.tell() - STDERR_TAIL_BYTES))
-    text = file.read().decode("utf-8", "replace")
-    return "\n".join(text.rstrip("\n").splitlines()[-count:])
+    return spawn(["bash", "-c", "set -o pipefail; " + command], stdin, stderr)
 
 
 def describe_exit(returncode: int) -> str:
@@ -109,7 +95,7 @@ def _with_stderr(message: str, tail: str) -> str:
 
 
 def exit_error(
-    command: str, path: str, returncode: int, stderr: IO[bytes] | None, label: str = "command"
+    command: str, path: str, returncode: int, stderr: StderrTail | None, label: str = "command"
 ) -> ReaderError:
     """The error of ``command`` that ended with ``returncode`` (non-zero) on ``path``.
 
@@ -159,9 +145,13 @@ class Feeder:
                 with contextlib.suppress(BrokenPipeError, OSError, ValueError):
                     closable.close()
 
-    def join(self) -> None:
-        """Waits for the copy to end."""
-        self._thread.join()
+    def join(self, timeout: float | None = None) -> None:
+        """Waits for the copy to end (at most ``timeout`` seconds)."""
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        """Whether the copy still runs."""
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         """Ends the copy early where the source allows it: a ``CommandStream``
@@ -194,6 +184,12 @@ def _descriptor(source: Any) -> int | None:
 class PipeProcess:
     """The pipe command running on one input, its stdout readable by us.
 
+    Its end is bounded: ``leader_exited()`` ends what the command left behind
+    (a background child holding its output), and ``wait(timeout)`` stops a
+    command that closed its output but does not exit. Such a command is an
+    error, not a success with the records it wrote: its exit status, which
+    decides whether its output was complete, never came.
+
     Args:
         command: the pipe command.
         source: the input, already opened, owned (and closed) by the
@@ -222,9 +218,10 @@ class PipeProcess:
         self.command = command
         self.path = name
         self._processes: list[subprocess.Popen] = []
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        self._gunzip_stderr: IO[bytes] | None = None
+        self._stderr: StderrTail | None = None
+        self._gunzip_stderr: StderrTail | None = None
         self._feeder: Feeder | None = None
+        self._exit_fd: int | None = None
         descriptor = _descriptor(source)
         # A local file is the first process's stdin itself; a stream is copied
         # into it by the feeder, which then owns (and closes) the stream.
@@ -242,12 +239,13 @@ class PipeProcess:
             stdin: Any = descriptor if descriptor is not None else subprocess.PIPE
             gzip_process = None
             if gunzip:
-                self._gunzip_stderr = tempfile.TemporaryFile()  # noqa: SIM115 - see close()
-                gzip_process = _spawn(["gzip", "-dc"], stdin, self._gunzip_stderr)
+                gzip_process = spawn(["gzip", "-dc"], stdin, subprocess.PIPE)
                 self._processes.append(gzip_process)
+                self._gunzip_stderr = _take_stderr(gzip_process, f"datafeed-stderr gzip {name}")
                 stdin = gzip_process.stdout
-            self.process = start_shell(shell_command, stdin, self._stderr)
+            self.process = start_shell(shell_command, stdin)
             self._processes.append(self.process)
+            self._stderr = _take_stderr(self.process, f"datafeed-stderr {name}")
             if gzip_process is not None:
                 gzip_process.stdout.close()  # type: ignore[union-attr]  # the command owns it
             if self._source is not None:
@@ -255,6 +253,8 @@ class PipeProcess:
                 self._feeder = Feeder(self._source, first.stdin, f"datafeed-feed {name}")
                 first.stdin = None  # the feeder owns (and closes) it now
                 self._source = None
+            with contextlib.suppress(OSError, AttributeError):  # Linux 5.3+; else polled
+                self._exit_fd = os.pidfd_open(self.process.pid)
         except BaseException:
             self.close()
             raise
@@ -265,21 +265,51 @@ class PipeProcess:
         except OSError:
             pass
 
+    @property
+    def exit_fd(self) -> int | None:
+        """A descriptor that becomes readable when the command's shell exits
+        (a pidfd), for ``select.poll``; None where the system has none."""
+        return self._exit_fd
+
+    def exited(self) -> bool:
+        """Whether the command's shell has exited."""
+        return self.process.poll() is not None
+
+    def leader_exited(self) -> None:
+        """Ends what the exited command left running in its group (a
+        background child holding its output open), so that its output ends.
+
+        The command's own output stays readable: what it wrote is in the pipe.
+        """
+        end_group(self.process)
+
     def kill(self) -> None:
-        """Kills the command and everything it started."""
+        """Stops the command and everything it started (SIGTERM now; ``close()``
+        sends SIGKILL to what is left after ``STOP_GRACE_SECONDS``)."""
         if self._feeder is not None:
             self._feeder.stop()  # a download command (CommandStream) too
         for process in self._processes:
             kill_group(process)
 
-    def wait(self) -> None:
-        """Waits for the command; raises ``ReaderError`` if it (or gunzip, or
-        the copy of a stream into it) failed."""
-        for process in self._processes:
-            process.wait()
+    def wait(self, timeout: float | None = None) -> None:
+        """Waits for the command, at most ``timeout`` seconds (None: for ever);
+        raises ``ReaderError`` if it (or gunzip, or the copy of a stream into
+        it) failed, or did not exit in time (it is then stopped)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # The command first: a gunzip it stopped reading from ends with it.
+        for process in reversed(self._processes):
+            try:
+                process.wait(_remaining(deadline))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise self._still_running_error(process, timeout) from None
+            end_group(process)  # what it left behind
         if self._feeder is not None:
             # A remote read that failed half-way must not pass for the file's end.
-            self._feeder.join()
+            self._feeder.join(_remaining(deadline))
+            if self._feeder.is_alive():  # blocked on a source the command no longer reads
+                self._feeder.stop()
+                self._feeder.join()
             error = self._feeder.error
             if isinstance(error, ReaderError):  # a download command's failure
                 raise error
@@ -298,34 +328,64 @@ class PipeProcess:
         if self.process.returncode != 0:
             raise exit_error(self.command, self.path, self.process.returncode, self._stderr)
 
+    def _still_running_error(self, process: subprocess.Popen, seconds: float | None) -> ReaderError:
+        command = self.command if process is self.process else "gzip -dc"
+        return self._error(
+            f"command {command!r} closed its output but did not exit within {seconds:g} s "
+            f"on {self.path} (the read_timeout setting); it was stopped"
+        )
+
     def timeout_error(self, seconds: float) -> ReaderError:
         """The error for a command that wrote nothing for ``seconds`` (it is killed)."""
-        tail = stderr_tail(self._stderr)
-        message = _with_stderr(
+        return self._error(
             f"command {self.command!r} wrote no output for {seconds:g} s on {self.path} "
-            f"(the read_timeout setting); it was stopped",
-            tail,
+            f"(the read_timeout setting); it was stopped"
         )
+
+    def held_output_error(self) -> ReaderError:
+        """The error for a command that exited while a process it moved out of
+        its process group (``setsid``) still holds its output open."""
+        return self._error(
+            f"command {self.command!r} exited, but a process it started outside its process "
+            f"group still held its output open {HELD_OUTPUT_SECONDS:g} s later, on {self.path}; "
+            f"its output was not read to the end"
+        )
+
+    def _error(self, message: str) -> ReaderError:
+        self.kill()  # its stderr ends with it
+        tail = stderr_tail(self._stderr)
         return ReaderError(
-            message, command=self.command, path=self.path, returncode=None, stderr_tail=tail
+            _with_stderr(message, tail),
+            command=self.command, path=self.path, returncode=None, stderr_tail=tail,
         )
 
     def close(self) -> None:
-        """Kills what still runs, reaps every process, closes every file."""
+        """Ends every process's group (SIGTERM, SIGKILL after a grace period),
+        reaps every process, closes every file."""
         self.kill()
         for process in self._processes:
             if process.stdout is not None:
                 process.stdout.close()
-            process.wait()
+            end_group(process)
         if self._feeder is not None:
             self._feeder.join()  # the kill above broke its pipe: it ends
         if self._source is not None:
             self._source.close()
         if self._input is not None:
             self._input.close()
-        self._stderr.close()
-        if self._gunzip_stderr is not None:
-            self._gunzip_stderr.close()
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+            self._exit_fd = None
+
+
+def _take_stderr(process: subprocess.Popen, name: str) -> StderrTail:
+    """Hands ``process``'s stderr pipe to a ``StderrTail`` reading it."""
+    pipe, process.stderr = process.stderr, None
+    return StderrTail(pipe, name)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 # -- a download command's output, read like a file ------------------------------------
@@ -346,12 +406,8 @@ class CommandStream:
 
     def __init__(self, shell_command: str, command: str, path: str) -> None:
         self.command, self.path = command, path
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        try:
-            self._process = start_shell(shell_command, subprocess.DEVNULL, self._stderr)
-        except BaseException:
-            self._stderr.close()
-            raise
+        self._process = start_shell(shell_command, subprocess.DEVNULL)
+        self._stderr = _take_stderr(self._process, f"datafeed-stderr download {path}")
         self._stdout = self._process.stdout
         self.closed = False
 
@@ -381,24 +437,24 @@ class CommandStream:
 
     def _check_exit(self) -> None:
         returncode = self._process.wait()
+        end_group(self._process)  # what it left behind
         if returncode != 0:
             raise exit_error(
                 self.command, self.path, returncode, self._stderr, label="download command"
             )
 
     def kill(self) -> None:
-        """Kills the command and everything it started (a blocked read returns)."""
+        """Stops the command and everything it started (a blocked read returns)."""
         kill_group(self._process)
 
     def close(self) -> None:
-        """Kills the command if it still runs, reaps it, closes its pipes."""
+        """Stops the command if it still runs, reaps it, closes its pipes."""
         if self.closed:
             return
         self.closed = True
         self.kill()
         self._stdout.close()  # type: ignore[union-attr]
-        self._process.wait()
-        self._stderr.close()
+        end_group(self._process)
 
     def __enter__(self) -> CommandStream:  # noqa: PYI034
         return self

@@ -8,6 +8,10 @@ they parse in parallel.
 
 A command that fails is a ``ReaderError``; the first error stops every other
 reader (their processes are killed) and is re-raised in the caller's thread.
+With ``read_timeout``, a command silent for that long is stopped, and so is one
+that closed its output but did not exit within it. Whatever a command left
+running once it exited (a background child holding its output) is killed, with
+or without ``read_timeout``.
 The commands themselves are datafeed/process.py's; what a load counts is
 datafeed/stats.py's.
 """
@@ -23,7 +27,8 @@ from typing import Any
 
 from . import fs, ranges
 from .parsing import ChunkParser
-from .process import PipeProcess, feed_in_pieces
+from .process import HELD_OUTPUT_SECONDS, PipeProcess, feed_in_pieces
+from .process_groups import commands_end_on_sigterm
 from .ranges import ChunkSink, LimitedReader, OrderedChunks, describe, plan_tasks
 from .slots import SlotSchema
 from .stats import FileStats, LoadCounters, LoadStats, merge_file_stats
@@ -40,6 +45,8 @@ IDLE_FLUSH_SECONDS = 0.05
 # The parser is fed this much text at a time, so that chunks are cut close to
 # chunk_rows whatever the size of a read.
 FEED_BYTES = 256 << 10
+# Where the system has no pidfd, a quiet command is checked for its exit this often.
+EXIT_CHECK_SECONDS = 0.1
 
 
 def is_identity_command(command: str) -> bool:
@@ -160,19 +167,21 @@ class ReaderPool:
             )
             for i in range(self.threads)
         ]
-        for worker in workers:
-            worker.start()
-        try:
+        # SIGTERM of a load in the main thread ends the commands before the process.
+        with commands_end_on_sigterm():
             for worker in workers:
-                while worker.is_alive():
-                    worker.join(0.1)
-                    if on_progress is not None:
-                        on_progress(self.counters)
-        except BaseException:  # KeyboardInterrupt included: leave nothing running
-            self.stop()
-            for worker in workers:
-                worker.join()
-            raise
+                worker.start()
+            try:
+                for worker in workers:
+                    while worker.is_alive():
+                        worker.join(0.1)
+                        if on_progress is not None:
+                            on_progress(self.counters)
+            except BaseException:  # KeyboardInterrupt included: leave nothing running
+                self.stop()
+                for worker in workers:
+                    worker.join()
+                raise
         if self._error is not None:
             raise self._error
         if self._stop.is_set():
@@ -240,7 +249,7 @@ class ReaderPool:
                 nbytes, tail = self._parse_stream(raw, parser, index, sink, process=process)
                 # The command closed its output: its exit status decides whether the
                 # (possibly cut short) last line is data or the trace of a crash.
-                process.wait()
+                process.wait(self.read_timeout)
                 self._finish(parser, tail, index, sink)
             finally:
                 with self._lock:
@@ -272,10 +281,7 @@ class ReaderPool:
         ``ReaderError``. Returns the bytes read and the unconsumed tail (a last
         line without newline).
         """
-        poller = None
-        if process is not None:
-            poller = select.poll()
-            poller.register(raw.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+        waiter = None if process is None else _OutputWaiter(process, raw.fileno())
 
         def hand_on_full_chunk() -> None:
             if parser.pending_rows >= self.chunk_rows:
@@ -296,12 +302,11 @@ class ReaderPool:
                     view.release()  # a bytearray cannot be resized while a view exists
                     buffer.extend(bytes(len(buffer)))
                     view = memoryview(buffer)
-            if poller is not None:
-                if parser.pending_rows and not poller.poll(IDLE_FLUSH_SECONDS * 1000):
+            if waiter is not None:
+                if parser.pending_rows and not waiter.readable(IDLE_FLUSH_SECONDS):
                     sink(index, parser.take_chunk())  # type: ignore[arg-type]
-                if self.read_timeout is not None and not poller.poll(self.read_timeout * 1000):
-                    process.kill()  # type: ignore[union-attr]
-                    raise process.timeout_error(self.read_timeout)  # type: ignore[union-attr]
+                if not waiter.readable(self.read_timeout):
+                    raise process.timeout_error(self.read_timeout)  # type: ignore[union-attr,arg-type]
             n = raw.readinto(view[end:])
             if not n:
                 break
@@ -323,3 +328,55 @@ class ReaderPool:
         chunk = parser.take_chunk()
         if chunk is not None:
             sink(index, chunk)
+
+
+class _OutputWaiter:
+    """Waits for a command's output to become readable, and meanwhile for the
+    command to exit: what it left running then is ended (so that its output
+    ends), and output still held open ``HELD_OUTPUT_SECONDS`` later (by a
+    process that left its group) is an error."""
+
+    def __init__(self, process: PipeProcess, output: int) -> None:
+        self._process = process
+        self._output = output
+        self._exit_fd = process.exit_fd
+        self._leader_gone = False
+        self._poller = select.poll()
+        self._poller.register(output, select.POLLIN | select.POLLHUP | select.POLLERR)
+        if self._exit_fd is not None:
+            self._poller.register(self._exit_fd, select.POLLIN)
+
+    def readable(self, timeout: float | None) -> bool:
+        """Whether the output became readable (data or its end) within
+        ``timeout`` seconds (None: for ever).
+
+        Raises:
+            ReaderError: the command exited, and its output stayed open and
+                silent for ``HELD_OUTPUT_SECONDS``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # Checked more often than the caller asked: the end of what the exited
+            # command left, or (without a pidfd) whether it exited.
+            check = None
+            if self._leader_gone:
+                check = HELD_OUTPUT_SECONDS
+            elif self._exit_fd is None:
+                check = EXIT_CHECK_SECONDS
+            capped = check is not None and (wait is None or check < wait)
+            if capped:
+                wait = check
+            events = self._poller.poll(None if wait is None else wait * 1000)
+            if any(fd == self._output for fd, _ in events):
+                return True
+            if not self._leader_gone and (events or self._process.exited()):
+                self._process.leader_exited()  # its output ends with its group
+                self._leader_gone = True
+                if self._exit_fd is not None:
+                    self._poller.unregister(self._exit_fd)
+                continue
+            if not capped:
+                return False  # the caller's timeout passed
+            if self._leader_gone:
+                raise self._process.held_output_error()

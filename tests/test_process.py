@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import signal
+import time
 from pathlib import Path
 from typing import BinaryIO
 
@@ -22,6 +23,7 @@ from datafeed.process import (
     describe_exit,
     feed_in_pieces,
 )
+from datafeed.process_groups import STOP_GRACE_SECONDS
 
 
 def run_to_end(process: PipeProcess) -> bytes:
@@ -144,7 +146,17 @@ def test_a_byte_range_of_a_stream_is_refused_and_the_stream_closed():
 def test_close_stops_a_command_that_is_still_running(text_file: Path):
     process = PipeProcess("sleep 600", opened(text_file), name="input.txt")
     process.close()  # conftest checks that no child is left behind
+    assert process.process.returncode == -signal.SIGTERM  # asked first, not killed
+
+
+def test_close_kills_a_command_that_ignores_sigterm_after_the_grace_period(text_file: Path):
+    command = "trap '' TERM; sleep 600 & echo ready; wait"
+    process = PipeProcess(command, opened(text_file), name="input.txt")
+    assert process.stdout.readline() == b"ready\n"  # the trap is set
+    started = time.monotonic()
+    process.close()
     assert process.process.returncode == -signal.SIGKILL
+    assert STOP_GRACE_SECONDS <= time.monotonic() - started < STOP_GRACE_SECONDS + 3
 
 
 # -- feeding the parser in pieces -----------------------------------------------------
