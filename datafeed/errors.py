@@ -106,6 +106,14 @@ class CacheError(DatafeedError, ValueError):
     """
 
 
+class StateError(DatafeedError, ValueError):
+    """A dataset state (``load_state_dict``'s argument, or a saved state file)
+    is malformed or does not fit the dataset; nothing was changed.
+
+    The message names the key, what was expected and what was found.
+    """
+
+
 class AccountingError(DatafeedError, RuntimeError):
     """The counts of a load do not add up: some input line is neither a record
     nor a counted skip (a bug in the engine, never a property of the input).

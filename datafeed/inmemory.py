@@ -408,8 +408,10 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         and the next iteration starts after the batches already consumed.
 
         Raises:
-            ValueError: the state does not fit this dataset (another record
-                count, batch size, or shuffles already done here).
+            StateError: (a ``ValueError``) the state is malformed, or does not
+                fit this dataset (another record count, batch size, shuffles
+                already done here, or a position beyond the pass); the dataset
+                is left unchanged.
         """
         state.check_inmemory_state(state_dict)
         store = self._require_store("load_state_dict")
@@ -419,6 +421,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             shuffles_done=len(self._shuffles.entries),
             batch_size=self.batch_size,
             drop_last=bool(self._settings["drop_last"]),
+            schema=store.schema,
         )
         if state_dict["seed"] != self._settings["seed"]:
             logger.warning(
@@ -427,8 +430,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 self._settings["seed"],
             )
             self._settings.apply({"seed": state_dict["seed"]}, where="load_state_dict")
+        # Every entry was checked above: nothing is replayed from a refused state.
         for entry in state_dict["shuffles"]:
-            state.check_replay(entry, self.schema)
             store = self._require_store("load_state_dict")
             if entry[0] == "global":
                 self._store = None  # the global shuffle consumes the store as it sends it

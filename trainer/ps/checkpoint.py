@@ -11,6 +11,10 @@ Every ``.pt`` file holds only tensors, numbers, strings and lists/dicts of them:
 a temporary name and renamed into place once complete, so a reader never sees a
 half-written checkpoint. Shards are re-sharded on load: a checkpoint written by
 S servers loads into any number of servers, or into a local model.
+
+Loading checks every file before anything changes: a malformed or hand-edited
+file (truncated JSON, wrong types, lengths that disagree, another shape) is a
+``CheckpointError`` naming the file, what was expected and what was found.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from ..job.errors import CheckpointError
+from .table import SparseTable, shown
 
 FORMAT = "fleetfeed-ps/1"
 
@@ -44,7 +51,22 @@ def save_file(obj: Any, path: str) -> None:
 
 
 def load_file(path: str) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """The tensors, numbers and strings in ``path`` (never other pickled objects).
+
+    Raises:
+        CheckpointError: not a ``torch.save`` file of such values (truncated,
+            corrupt, or holding pickled objects that ``weights_only`` refuses).
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as error:  # noqa: BLE001 - torch raises many kinds for a bad file
+        raise CheckpointError(
+            f"{path}: expected a torch.save file of tensors (read with weights_only=True), "
+            f"found {type(error).__name__}: {_first_line(error)}",
+            path=path,
+        ) from error
 
 
 def staging_dir(dirname: str) -> str:
@@ -71,49 +93,232 @@ def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
 
 
 def read_meta(dirname: str) -> dict[str, Any]:
+    """The checked ``meta.json`` of the checkpoint in ``dirname``.
+
+    Raises:
+        FileNotFoundError: ``dirname`` has no ``meta.json``.
+        CheckpointError: it is not JSON of this format: its ``dense`` shapes
+            and ``tables`` (each with an int ``dim``) are checked.
+    """
     path = os.path.join(dirname, "meta.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"{dirname!r} is not a fleetfeed checkpoint: {path} is missing"
         )
-    with open(path) as f:
-        meta = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(
+            f"{path}: expected JSON of a fleetfeed checkpoint, found "
+            f"{type(error).__name__}: {_first_line(error)}",
+            path=path,
+        ) from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(
+            f"{path}: expected a JSON object with the checkpoint's tables and dense "
+            f"shapes, found {type(meta).__name__}",
+            path=path,
+        )
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: expected format {FORMAT!r}, found {meta.get('format')!r}")
+        raise CheckpointError(
+            f"{path}: expected format {FORMAT!r}, found {shown(meta.get('format'))}", path=path
+        )
+    for key in ("dense", "tables", "server_num"):
+        if key not in meta:
+            raise CheckpointError(
+                f"{path}: expected the key {key!r}, found keys {shown(sorted(meta))}", path=path
+            )
+    dense = meta["dense"]
+    if not isinstance(dense, list):
+        raise CheckpointError(
+            f"{path}: 'dense': expected a list of shapes, found {shown(dense)}", path=path
+        )
+    for index, shape in enumerate(dense):
+        if not (isinstance(shape, list) and all(_is_int(n) and n >= 0 for n in shape)):
+            raise CheckpointError(
+                f"{path}: 'dense'[{index}]: expected a shape (a list of ints >= 0), "
+                f"found {shown(shape)}",
+                path=path,
+            )
+    tables = meta["tables"]
+    if not isinstance(tables, dict):
+        raise CheckpointError(
+            f"{path}: 'tables': expected an object of tables by name, found {shown(tables)}",
+            path=path,
+        )
+    for name, table in tables.items():
+        dim = table.get("dim") if isinstance(table, dict) else None
+        if not (_is_int(dim) and dim >= 1):
+            raise CheckpointError(
+                f"{path}: table {shown(name)}: expected 'dim' an int >= 1, found {shown(dim)}",
+                path=path,
+            )
+    if not (_is_int(meta["server_num"]) and meta["server_num"] >= 1):
+        raise CheckpointError(
+            f"{path}: 'server_num': expected an int >= 1, found {shown(meta['server_num'])}",
+            path=path,
+        )
     return meta
 
 
 def sparse_shards(dirname: str, table: str) -> Iterator[dict[str, Any]]:
-    """Every saved shard of a table."""
-    pattern = os.path.join(glob.escape(dirname), f"sparse.{glob.escape(table)}.shard*.pt")
-    for path in sorted(glob.glob(pattern)):
+    """Every saved shard of a table (each checked by the table that loads it)."""
+    for path in _sparse_paths(dirname, table):
         yield load_file(path)
 
 
-def dense_values(dirname: str) -> dict[int, torch.Tensor]:
-    """Every saved dense parameter, by index."""
-    out: dict[int, torch.Tensor] = {}
-    for path in sorted(glob.glob(os.path.join(glob.escape(dirname), "dense.shard*.pt"))):
-        shard = load_file(path)
-        for index, value in zip(shard["indices"].tolist(), shard["params"], strict=True):
-            out[int(index)] = value
+def _sparse_paths(dirname: str, table: str) -> list[str]:
+    pattern = os.path.join(glob.escape(dirname), f"sparse.{glob.escape(table)}.shard*.pt")
+    return sorted(glob.glob(pattern))
+
+
+def _dense_paths(dirname: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(glob.escape(dirname), "dense.shard*.pt")))
+
+
+def read_tables(
+    dirname: str, meta: dict[str, Any], tables: Mapping[str, SparseTable]
+) -> list[tuple[SparseTable, dict[str, Any]]]:
+    """Every saved shard of ``tables`` (by name), each checked against its table,
+    before any is loaded: ``table.load_state_dict(shard)`` then cannot fail.
+
+    Raises:
+        CheckpointError: a table of the model is not in the checkpoint, or has
+            another ``dim`` there; a shard file is malformed.
+    """
+    saved = meta["tables"]
+    out = []
+    for name, table in tables.items():
+        if name not in saved:
+            raise CheckpointError(
+                f"checkpoint {dirname!r} holds tables {shown(sorted(saved))}; the model's "
+                f"table {name!r} is not among them",
+                path=dirname,
+            )
+        if saved[name]["dim"] != table.dim:
+            raise CheckpointError(
+                f"checkpoint {dirname!r}: table {name!r} has rows of dim {saved[name]['dim']}, "
+                f"the model's table has dim {table.dim}",
+                path=dirname,
+            )
+        for path in _sparse_paths(dirname, name):
+            shard = load_file(path)
+            table.check_state_dict(shard, where=path)
+            out.append((table, shard))
     return out
 
 
-def dense_optimizer_states(dirname: str) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(glob.glob(os.path.join(glob.escape(dirname), "dense.shard*.pt"))):
+def dense_values(dirname: str, meta: dict[str, Any] | None = None) -> dict[int, torch.Tensor]:
+    """Every saved dense parameter, by index, each checked against the shapes
+    of ``meta`` (read from ``dirname`` when not given).
+
+    Raises:
+        CheckpointError: a dense shard file is malformed, disagrees with
+            ``meta.json``, or a parameter is in none or in two of them.
+    """
+    if meta is None:
+        meta = read_meta(dirname)
+    shapes = [list(s) for s in meta["dense"]]
+    out: dict[int, torch.Tensor] = {}
+    found_in: dict[int, str] = {}
+    for path in _dense_paths(dirname):
         shard = load_file(path)
-        if shard.get("optimizer") is not None:
-            out.append(shard["optimizer"])
+        for index, value in _dense_entries(shard, path, shapes):
+            if index in found_in:
+                raise CheckpointError(
+                    f"{path}: dense parameter {index}: expected in one dense shard, found "
+                    f"also in {found_in[index]}",
+                    path=path,
+                )
+            found_in[index] = path
+            out[index] = value
+    for index, shape in enumerate(shapes):
+        if index not in out:
+            raise CheckpointError(
+                f"checkpoint {dirname!r}: dense parameter {index} (of shape {shape}) is in no "
+                "dense.shard*.pt file",
+                path=dirname,
+            )
+    return out
+
+
+def _dense_entries(
+    shard: Any, path: str, shapes: list[list[int]]
+) -> list[tuple[int, torch.Tensor]]:
+    """The (index, tensor) pairs of a dense shard file, checked."""
+    for key in ("indices", "params"):
+        if not isinstance(shard, dict) or key not in shard:
+            found = f"keys {shown(sorted(map(str, shard)))}" if isinstance(shard, dict) else (
+                type(shard).__name__
+            )
+            raise CheckpointError(f"{path}: expected the key {key!r}, found {found}", path=path)
+    indices, params = shard["indices"], shard["params"]
+    if not (
+        isinstance(indices, torch.Tensor) and indices.dtype == torch.int64 and indices.dim() == 1
+    ):
+        raise CheckpointError(
+            f"{path}: 'indices': expected a 1-D int64 tensor, found {shown(indices)}", path=path
+        )
+    if not (isinstance(params, list) and all(isinstance(p, torch.Tensor) for p in params)):
+        raise CheckpointError(
+            f"{path}: 'params': expected a list of tensors, found {shown(params)}", path=path
+        )
+    if len(params) != len(indices):
+        raise CheckpointError(
+            f"{path}: expected as many params as indices ({len(indices)}), found {len(params)}",
+            path=path,
+        )
+    entries = []
+    for index, value in zip(indices.tolist(), params, strict=True):
+        if not 0 <= index < len(shapes):
+            raise CheckpointError(
+                f"{path}: 'indices': expected ints 0 to {len(shapes) - 1} (the dense "
+                f"parameters in meta.json), found {index}",
+                path=path,
+            )
+        if list(value.shape) != shapes[index] or not value.is_floating_point():
+            raise CheckpointError(
+                f"{path}: dense parameter {index}: expected shape {shapes[index]} (meta.json) "
+                f"of floats, found {list(value.shape)} of {value.dtype}",
+                path=path,
+            )
+        entries.append((index, value))
+    return entries
+
+
+def dense_optimizer_states(dirname: str) -> list[dict[str, Any]]:
+    """The dense optimizer's state saved by each server (where it saved one)."""
+    out = []
+    for path in _dense_paths(dirname):
+        shard = load_file(path)
+        state = shard.get("optimizer") if isinstance(shard, dict) else None
+        if isinstance(state, dict):
+            out.append(state)
     return out
 
 
 def check_dense_shapes(meta: dict[str, Any], params: Sequence[torch.Tensor], dirname: str) -> None:
+    """Checks that the checked ``meta`` lists the shapes of ``params``, in order.
+
+    Raises:
+        CheckpointError: another count or shape (before any is loaded).
+    """
     saved = [tuple(s) for s in meta["dense"]]
     have = [tuple(p.shape) for p in params]
     if saved != have:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {dirname!r} holds {len(saved)} dense parameters of shapes {saved}; "
-            f"the model's optimizer has {len(have)} of shapes {have}"
+            f"the model has {len(have)} of shapes {have} (in its optimizer's order)",
+            path=dirname,
         )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    line = text[0] if text else ""
+    return line if len(line) <= 200 else line[:197] + "..."

@@ -333,11 +333,12 @@ class ParameterServerRuntime:
 
 
 def _load_tables(dirname: str, configs: dict[str, TableConfig]) -> None:
+    """Loads the rows of ``configs``' local tables; every shard is read and
+    checked before the first row is loaded (``CheckpointError`` otherwise)."""
     store = sparse.local_store()
-    for name, config in configs.items():
-        table = store.table(config)
-        for shard in checkpoint.sparse_shards(dirname, name):
-            table.load_state_dict(shard)
+    tables = {name: store.table(config) for name, config in configs.items()}
+    for table, shard in checkpoint.read_tables(dirname, checkpoint.read_meta(dirname), tables):
+        table.load_state_dict(shard)
 
 
 def load_local(model: torch.nn.Module, dirname: str) -> None:
@@ -345,13 +346,23 @@ def load_local(model: torch.nn.Module, dirname: str) -> None:
 
     Dense parameters go into ``model.parameters()`` in order (the order of the
     optimizer that trained it, when it was built from ``model.parameters()``);
-    the model's SparseEmbedding tables get every saved row.
+    the model's SparseEmbedding tables get every saved row. Every file is read
+    and checked before the model or a table changes.
+
+    Raises:
+        FileNotFoundError: ``dirname`` holds no ``meta.json``.
+        CheckpointError: a file is malformed, or does not fit the model
+            (the model and its tables are left as they were).
     """
     meta = checkpoint.read_meta(dirname)
     params = list(model.parameters())
     checkpoint.check_dense_shapes(meta, params, dirname)
-    values = checkpoint.dense_values(dirname)
+    values = checkpoint.dense_values(dirname, meta)
+    store = sparse.local_store()
+    tables = {name: store.table(c) for name, c in sparse.model_tables(model).items()}
+    shards = checkpoint.read_tables(dirname, meta, tables)
     with torch.no_grad():
         for i, p in enumerate(params):
             p.copy_(values[i])
-    _load_tables(dirname, sparse.model_tables(model))
+    for table, shard in shards:
+        table.load_state_dict(shard)

@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..job.errors import CheckpointError
 from ._rows import IdIndex, adagrad_rows, sgd_rows
 from .optim import OptimizerSpec
 
-__all__ = ["IdIndex", "SparseTable", "as_u64", "init_rows", "mix64", "shard_of"]
+__all__ = ["IdIndex", "SparseTable", "as_u64", "init_rows", "mix64", "shard_of", "shown"]
 
 _U64 = np.uint64
 _GOLDEN = _U64(0x9E3779B97F4A7C15)
@@ -258,16 +259,75 @@ class SparseTable:
                 out["state." + key] = torch.from_numpy(array[:n].copy())
         return out
 
-    def load_state_dict(self, state: Mapping[str, Any], keep: np.ndarray | None = None) -> None:
+    def check_state_dict(
+        self, state: Any, keep: np.ndarray | None = None, *, where: str | None = None
+    ) -> None:
+        """Checks that ``state`` is rows saved by ``state_dict`` that fit this
+        table (its ``dim``; with the same optimizer kind, its state's shapes).
+
+        Args:
+            keep: as for ``load_state_dict``.
+            where: the file it was read from, for messages.
+
+        Raises:
+            CheckpointError: a key missing, a value of the wrong type or shape,
+                or lengths that disagree.
+        """
+        where = where or f"table '{self.name}'"
+
+        def refuse(message: str) -> CheckpointError:
+            return CheckpointError(f"{where}: {message}", path=where)
+
+        if not isinstance(state, Mapping):
+            raise refuse(f"expected a dict of the table's rows, found {type(state).__name__}")
+        for key in ("dim", "ids", "weights"):
+            if key not in state:
+                keys = shown(sorted(map(str, state)))
+                raise refuse(f"expected the key {key!r}, found keys {keys}")
+        if not _is_int(state["dim"]) or state["dim"] != self.dim:
+            raise refuse(
+                f"'dim': expected {self.dim} (table '{self.name}'), found {shown(state['dim'])}"
+            )
+        ids = state["ids"]
+        if not (isinstance(ids, torch.Tensor) and ids.dtype == torch.int64 and ids.dim() == 1):
+            raise refuse(f"'ids': expected a 1-D int64 tensor, found {shown(ids)}")
+        n = ids.shape[0]
+        weights = state["weights"]
+        if _is_float_rows(weights, self.dim) and weights.shape[0] != n:
+            raise refuse(f"expected as many rows of 'weights' as ids ({n}), found {len(weights)}")
+        if not (_is_float_rows(weights, self.dim) and weights.shape[0] == n):
+            raise refuse(
+                f"'weights': expected a float tensor of shape [{n}, {self.dim}], "
+                f"found {shown(weights)}"
+            )
+        if keep is not None and not (
+            isinstance(keep, np.ndarray) and keep.dtype == np.bool_ and keep.shape == (n,)
+        ):
+            raise refuse(f"keep: expected {n} bools, found {shown(keep)}")
+        if state.get("optimizer") != self.optimizer.kind:
+            return  # its optimizer state is not loaded
+        for key, (shape, _dtype) in self.optimizer.state_layout().items():
+            saved = state.get("state." + key)
+            want = [n, *shape(self.dim)]
+            if not (
+                isinstance(saved, torch.Tensor)
+                and saved.is_floating_point()
+                and list(saved.shape) == want
+            ):
+                raise refuse(
+                    f"'state.{key}': expected a float tensor of shape {want} "
+                    f"({self.optimizer.kind}'s state of each row), found {shown(saved)}"
+                )
+
+    def load_state_dict(
+        self, state: Mapping[str, Any], keep: np.ndarray | None = None, *, where: str | None = None
+    ) -> None:
         """Loads rows saved by ``state_dict`` (rows of other tables' shards
         included), keeping only the rows where ``keep`` is true when given.
         Optimizer state of another optimizer kind is dropped (rows start fresh
-        state)."""
-        if int(state["dim"]) != self.dim:
-            raise ValueError(
-                f"table '{self.name}': saved rows have dim {state['dim']}, "
-                f"the model's table has dim {self.dim}"
-            )
+        state). Checks all of ``state`` first (``check_state_dict``): a refused
+        state adds no row."""
+        self.check_state_dict(state, keep, where=where)
         ids = as_u64(state["ids"].numpy())
         weights = state["weights"].numpy()
         same_optimizer = state.get("optimizer") == self.optimizer.kind
@@ -280,6 +340,37 @@ class SparseTable:
                 for key in self._state:
                     saved = state["state." + key].numpy()
                     self._state[key][rows] = saved[keep] if keep is not None else saved
+
+
+def shown(value: Any) -> str:
+    """A short description of ``value`` for an error message: a tensor's dtype
+    and shape, a bounded ``repr`` otherwise (a hand-edited file may hold huge
+    values; an int's repr over 4,300 digits raises)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return f"a {value.dtype} {type(value).__name__} of shape {list(value.shape)}"
+    if _is_int(value) and value.bit_length() > 128:
+        return f"an int of {value.bit_length()} bits"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    if isinstance(value, (list, tuple)) and len(value) <= 8:
+        return "[" + ", ".join(shown(v) for v in value) + "]"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)} items"
+    return f"a {type(value).__name__}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_float_rows(value: Any, dim: int) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and value.dim() == 2
+        and value.shape[1] == dim
+    )
 
 
 def _grown(array: np.ndarray, rows: int) -> np.ndarray:
