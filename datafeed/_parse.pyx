@@ -1,7 +1,10 @@
 """MultiSlot text to per-slot column buffers (the parser behind ``ChunkParser``).
 
 A MultiSlot line holds, for each slot of the schema in order, a value count
-followed by that many values: ``<n> v1 .. vn <m> w1 .. wm ...``. The hot loop
+followed by that many values: ``<n> v1 .. vn <m> w1 .. wm ...``. With Paddle's
+``parse_ins_id`` / ``parse_content``, text fields (``slots.TextField``) precede
+the slots as ``1 <ins_id>`` / ``1 <content>``; their bytes go to columns after
+the slot columns, and a schema without them costs the loop nothing. The hot loop
 (``parse_region``) is plain C: it runs without the GIL, appends values to
 per-slot growable buffers and, on a bad line, stops with a status code and the
 position of the failure in a ``Fail`` struct. ``Engine._error`` is the one
@@ -28,6 +31,9 @@ from datafeed._kinds cimport (
 
 from datafeed.errors import ParseError
 
+# A text field's kind (datafeed/slots.py KIND_TEXT): never seen by the slot loop.
+cdef int KIND_TEXT = 3
+
 # Status codes of the loop. The order matches REASONS below.
 cdef enum:
     ST_OK = 0
@@ -44,6 +50,7 @@ cdef enum:
     ST_RANGE
     ST_TRAILING
     ST_TOO_LONG
+    ST_TEXT_FIELD
     N_STATUS
 
 # Keys of ``skipped_reasons``, indexed by status code.
@@ -62,6 +69,7 @@ REASONS = (
     "out_of_range",
     "trailing_tokens",
     "line_too_long",
+    "bad_text_field",
 )
 
 # Tokens kept on a ParseError (and shown in its message) are cut to this length.
@@ -81,7 +89,8 @@ ctypedef ColumnBuffer SlotBuf
 
 ctypedef struct State:
     SlotBuf* slots
-    Py_ssize_t nslots
+    Py_ssize_t nslots       # every column: the slots, then the text fields
+    Py_ssize_t nnum         # the slots (valued columns); text fields follow them
     Py_ssize_t rows         # parsed, not yet taken
     int64_t lines           # records + skipped lines, over the whole stream
     int64_t records
@@ -768,6 +777,42 @@ cdef int slow_count(Py_ssize_t s, const unsigned char* p, const unsigned char** 
     return ST_OK
 
 
+cdef int text_fields(State* st, const unsigned char** pp, Py_ssize_t row,
+                     Fail* f) noexcept nogil:
+    """The text fields before the slots, each ``1 <token>``: the token's bytes
+    go to the field's column (cold: only schemas with text fields call it)."""
+    cdef const unsigned char* p = pp[0]
+    cdef const unsigned char* tok
+    cdef const unsigned char* e
+    cdef SlotBuf* sb
+    cdef Py_ssize_t s, n
+    cdef int64_t count
+    for s in range(st.nnum, st.nslots):
+        sb = &st.slots[s]
+        while p[0] == 32 or p[0] == 9:
+            p += 1
+        tok = p
+        if at_eol(tok):
+            return fail_at(f, s, NULL, ST_TEXT_FIELD)
+        if scan_count(&p, &count) or count != 1:
+            return fail_at(f, s, tok, ST_TEXT_FIELD)
+        while p[0] == 32 or p[0] == 9:
+            p += 1
+        if at_eol(p):
+            return fail_at(f, s, NULL, ST_TEXT_FIELD)
+        e = token_end(p)
+        n = e - p
+        if sb.len + n > sb.cap:
+            if grow(<void**>&sb.data, &sb.cap, sb.len + n, 1):
+                return ST_NOMEM
+        memcpy(sb.data + sb.len, p, n)
+        sb.len += n
+        sb.offs[row] = sb.len
+        p = e
+    pp[0] = p
+    return ST_OK
+
+
 cdef inline int parse_line(State* st, const unsigned char** pp,
                            const unsigned char* end,
                            Fail* f) noexcept nogil:
@@ -790,8 +835,12 @@ cdef inline int parse_line(State* st, const unsigned char** pp,
         if grow_offsets(st):
             return ST_NOMEM
     slots = st.slots
-    nslots = st.nslots
+    nslots = st.nnum
     row = st.rows + 1
+    if nslots != st.nslots:
+        rc = text_fields(st, &p, row, f)
+        if rc:
+            return rc
     for s in range(nslots):
         sb = &slots[s]
         # The usual count: after one blank, one or two digits without a sign or
@@ -943,6 +992,8 @@ cdef class Engine:
         self.messages = []
         self.max_messages = max_messages
         self.st.nslots = len(schema)
+        # Text fields come last (SlotSchema.with_text_fields).
+        self.st.nnum = self.st.nslots - sum(slot.kind == KIND_TEXT for slot in schema)
         self.st.skip = skip_bad_lines
         self.st.want_message = skip_bad_lines and max_messages > 0
         self.st.max_line = max_line_bytes
@@ -953,7 +1004,7 @@ cdef class Engine:
             sb = &self.st.slots[s]
             sb.kind = schema[s].kind
             sb.width = schema[s].width
-            sb.itemsize = 4 if sb.kind == KIND_FLOAT32 else 8
+            sb.itemsize = 4 if sb.kind == KIND_FLOAT32 else 1 if sb.kind == KIND_TEXT else 8
             if grow(<void**>&sb.offs, &sb.ocap, 256, sizeof(int64_t)):
                 raise MemoryError()
             sb.offs[0] = 0
@@ -1092,14 +1143,17 @@ cdef class Engine:
         if f.slot >= 0:
             slot = self.schema[f.slot]
             name = slot.name
-            where = f"{where}, slot {name!r}"
+            if slot.kind == KIND_TEXT:
+                where = f"{where}, {slot.label}"
+            else:
+                where = f"{where}, slot {name!r}"
             dtype = slot.dtype
         if code == ST_BLANK:
             what = "expected a record, found a blank line"
             token = b""
         elif code == ST_MISSING_SLOT:
             what = (f"expected a value count, found the end of the line "
-                    f"(after {f.found} of {len(self.schema)} slots)")
+                    f"(after {f.found} of {self.st.nnum} slots)")
         elif code == ST_BAD_COUNT:
             what = f"expected a value count (an integer >= 1), found {text}"
         elif code == ST_COUNT_NONPOS:
@@ -1109,11 +1163,16 @@ cdef class Engine:
             what = (f"expected a value count of {slot.width} (a dense slot of shape "
                     f"{slot.shape}), found {text}")
         elif code == ST_TOO_FEW:
-            # The count as written, cut like any token: a count of thousands of
-            # digits must not reach int() (Python refuses over 4,300 digits).
+            # The count's value ("+2" and "02" read 2), but a count of thousands
+            # of digits must not reach int() (Python refuses over 4,300 digits):
+            # one of over 19 characters is shown as written, cut like any token.
             shown = min(f.count_end - f.count_tok, TOKEN_SHOWN)
             count_text = PyBytes_FromStringAndSize(<const char*>f.count_tok, shown).decode(
-                "ascii", "replace") + ("..." if f.count_end - f.count_tok > shown else "")
+                "ascii", "replace")
+            if f.count_end - f.count_tok <= 19:
+                count_text = str(int(count_text))
+            elif f.count_end - f.count_tok > shown:
+                count_text += "..."
             what = (f"expected {count_text} values, found the end of the line "
                     f"after {f.found}")
         elif code == ST_NOT_NUMBER:
@@ -1135,9 +1194,14 @@ cdef class Engine:
                 "float32": "expected a number within the float32 range "
                            "(magnitude at most 3.4028235e+38)",
             }[dtype] + f", found {text}"
+        elif code == ST_TEXT_FIELD:
+            found = text if token is not None else "the end of the line"
+            field = "ins_id" if slot.label == "instance id" else "content"
+            what = (f"expected the {slot.label} as '1 <{field}>' before the slots "
+                    f"(parse_{field}=True), found {found}")
         elif code == ST_TRAILING:
             what = (f"expected the end of the line after the last slot "
-                    f"{self.schema[len(self.schema) - 1].name!r}, found {text}")
+                    f"{self.schema[self.st.nnum - 1].name!r}, found {text}")
         else:  # ST_TOO_LONG
             what = (f"expected a line of at most {self.st.max_line} bytes, "
                     f"found a longer line starting {token!r}")

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from .columns import RecordChunk, concat_rows, uniform_offsets
-from .slots import SlotSchema
+from .columns import RecordChunk, SlotColumn, concat_rows, uniform_offsets
+from .slots import CONTENT, INS_ID, SlotSchema
 
 if TYPE_CHECKING:
     import torch
@@ -76,13 +76,24 @@ class Batch(Mapping[str, SlotTensor]):
     """One batch: slot name -> tensor (dense slot) or ``Ragged`` (sparse slot).
 
     ``len(batch)`` is the number of slots; ``batch.size`` the number of records.
+    ``ins_ids`` and ``contents`` are the records' instance ids and content
+    fields (Paddle's ``parse_ins_id`` / ``parse_content``), one str per record,
+    or None when the dataset does not read them.
     """
 
-    __slots__ = ("_slots", "size")
+    __slots__ = ("_slots", "contents", "ins_ids", "size")
 
-    def __init__(self, slots: dict[str, SlotTensor], size: int) -> None:
+    def __init__(
+        self,
+        slots: dict[str, SlotTensor],
+        size: int,
+        ins_ids: list[str] | None = None,
+        contents: list[str] | None = None,
+    ) -> None:
         self._slots = slots
         self.size = size
+        self.ins_ids = ins_ids
+        self.contents = contents
 
     def __getitem__(self, name: str) -> SlotTensor:
         try:
@@ -102,20 +113,45 @@ class Batch(Mapping[str, SlotTensor]):
         return f"Batch(size={self.size}, slots=[{', '.join(self._slots)}])"
 
 
-class BatchBuilder:
-    """Turns row ranges of record chunks into ``Batch`` objects for one schema."""
+def text_values(column: SlotColumn, start: int, stop: int) -> list[str]:
+    """Records ``start:stop`` of a text field's column (``slots.TextField``) as str.
 
-    def __init__(self, schema: SlotSchema) -> None:
+    The bytes are decoded as UTF-8; bytes that are not UTF-8 come back as lone
+    surrogates (``errors="surrogateescape"``), so ``s.encode("utf-8",
+    "surrogateescape")`` gives the bytes of the line again.
+    """
+    part = column.slice(start, stop)
+    data = part.values.tobytes()
+    bounds = part.offsets_or_uniform().tolist()
+    return [data[a:b].decode("utf-8", "surrogateescape") for a, b in itertools.pairwise(bounds)]
+
+
+class BatchBuilder:
+    """Turns row ranges of record chunks into ``Batch`` objects for one schema.
+
+    Args:
+        schema: the records' schema, text fields (``SlotSchema.with_text_fields``)
+            included.
+        one_batch_per_line: Paddle's ``input_type=1``: each record is a batch of
+            its own, and each value of a sparse slot is a sequence of its own
+            (offsets ``0, 1, ..., n``); dense slots are as usual.
+    """
+
+    def __init__(self, schema: SlotSchema, one_batch_per_line: bool = False) -> None:
         import torch  # here, not at module level: `import datafeed` stays torch-free
 
         self._torch = torch
+        slots = schema.slots_only
         # What from_chunk needs of each slot, read once (it runs per batch per slot).
         # uint64 ids are viewed as int64: torch has no uint64 arithmetic worth
         # using, and Paddle delivers the same bits as int64.
         self._slots = [
             (slot.name, slot.is_dense, slot.shape, slot.numpy_dtype == np.uint64)
-            for slot in schema
+            for slot in slots
         ]
+        # Text fields follow the slots' columns.
+        self._text = [(len(slots) + i, f.name) for i, f in enumerate(schema.text_fields)]
+        self._one_batch_per_line = one_batch_per_line
         self._offsets_cache: dict[tuple[int, int], torch.Tensor] = {}
 
     def _uniform_offsets(self, size: int, width: int) -> torch.Tensor:
@@ -136,7 +172,7 @@ class BatchBuilder:
         from_numpy = self._torch.from_numpy
         slots: dict[str, SlotTensor] = {}
         for (name, dense, shape, unsigned), column in zip(
-            self._slots, chunk.columns, strict=True
+            self._slots, chunk.columns, strict=False  # text fields: below
         ):
             off = column.offsets
             if off is None:
@@ -155,7 +191,13 @@ class BatchBuilder:
                 # keeps int32 offsets: 4 bytes per record per slot less).
                 offsets = np.subtract(off[start : stop + 1], lo, dtype=np.int64)
                 slots[name] = Ragged(values, from_numpy(offsets))
-        return Batch(slots, size)
+            if self._one_batch_per_line and not dense:
+                # Paddle's input_type=1: every value its own sequence.
+                slots[name] = Ragged(values, self._uniform_offsets(values.shape[0], 1))
+        if not self._text:
+            return Batch(slots, size)
+        texts = {name: text_values(chunk.columns[i], start, stop) for i, name in self._text}
+        return Batch(slots, size, texts.get(INS_ID), texts.get(CONTENT))
 
     def from_pieces(self, pieces: list[tuple[RecordChunk, int, int]]) -> Batch:
         """A batch that spans several chunks: the pieces are copied together."""

@@ -13,6 +13,7 @@ from typing import NamedTuple, Protocol
 
 from .batch import Batch, BatchBuilder
 from .columns import RecordChunk
+from .errors import SchemaError
 from .slots import SlotSchema
 
 
@@ -50,15 +51,30 @@ class Batcher:
     """Cuts row ranges into batches of ``batch_size`` records of one schema.
 
     Args:
-        schema: the slots.
+        schema: the slots (and text fields) of the records.
         batch_size: records per batch.
         drop_last: whether a short last batch is left out.
+        input_type: Paddle's ``input_type``: 0, one record per line; 1, one
+            batch per line (each value of a sparse slot is a sequence of its
+            own), which needs ``batch_size`` 1 as in Paddle.
+
+    Raises:
+        SchemaError: ``input_type=1`` with a ``batch_size`` other than 1.
     """
 
-    def __init__(self, schema: SlotSchema, batch_size: int, drop_last: bool) -> None:
+    def __init__(
+        self, schema: SlotSchema, batch_size: int, drop_last: bool, input_type: int = 0
+    ) -> None:
+        if input_type == 1 and batch_size != 1:
+            # Paddle fails the first batch of several lines ("In batch reader, the
+            # sparse tensor lod size must be 2"); here, before the pass starts.
+            raise SchemaError(
+                f"input_type=1 (one batch per line) needs batch_size=1, got "
+                f"batch_size={batch_size}: each line is a whole batch"
+            )
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self._builder = BatchBuilder(schema)
+        self._builder = BatchBuilder(schema, one_batch_per_line=input_type == 1)
 
     def group(self, ranges: Iterable[Piece]) -> Iterator[list[Piece]]:
         """The pieces making up each batch, in the order of ``ranges``."""

@@ -76,7 +76,9 @@ class DatasetBase(PaddleDatasetBase):
                 objects or Paddle-style variables.
             pipe_command: shell command run per file, the file on its stdin; its
                 stdout is MultiSlot text.
-            input_type: 0 (one record per line), the only supported value.
+            input_type: 0, one record per line; 1, one batch per line (Paddle's
+                batch reader: each value of a sparse slot is a sequence of its
+                own; needs ``batch_size=1``).
             fs_name, fs_ugi, download_cmd: Paddle's remote-file settings;
                 ``fs_name="hdfs://namenode:port"`` (and ``fs_ugi="user,password"``)
                 reads plain paths from that HDFS; a ``download_cmd`` other
@@ -123,6 +125,15 @@ class DatasetBase(PaddleDatasetBase):
     def schema(self) -> SlotSchema:
         """The slots, from ``use_var``."""
         return self._settings["use_var"]
+
+    @property
+    def _record_schema(self) -> SlotSchema:
+        """The columns of a record: the slots, then the text fields read before
+        them (``parse_ins_id`` / ``parse_content``, InMemoryDataset only)."""
+        s = self._settings.as_dict()
+        return self.schema.with_text_fields(
+            s.get("parse_ins_id", False), s.get("parse_content", False)
+        )
 
     @property
     def batch_size(self) -> int:
@@ -226,6 +237,12 @@ class DatasetBase(PaddleDatasetBase):
     def _reader_pool(self, thread_num: int | None = None) -> ReaderPool | InProcessPool:
         s = self._settings
         if s["data_generator"] is not None:  # the in-process path: no pipe command
+            if self._record_schema.text_fields:
+                raise SchemaError(
+                    "parse_ins_id / parse_content read the text of a pipe_command; with "
+                    "the 'data_generator' setting, run the generator as the pipe_command "
+                    "(python reader.py) instead"
+                )
             remote = [p for p in self._filelist if fs.is_remote(p, self._filesystem())]
             if remote:
                 raise SchemaError(
@@ -244,7 +261,7 @@ class DatasetBase(PaddleDatasetBase):
         return ReaderPool(
             self._filelist,
             s["pipe_command"],
-            self.schema,
+            self._record_schema,
             threads=thread_num or self._reader_threads,
             skip_bad_lines=s["on_bad_line"] == "skip",
             max_line_bytes=s["max_line_bytes"],

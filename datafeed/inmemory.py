@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import cache, collectives, fs, global_shuffle, shuffle, state
+from . import cache, collectives, fs, global_shuffle, merge, shuffle, state
 from .batch import Batch
 from .batcher import Batcher, chunk_ranges
 from .columns import RecordChunk
@@ -138,12 +138,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         finally:
             progress.close()
         # Commit only now: a failed load above leaves the dataset unchanged.
-        store = self._store or RecordStore(self.schema)
-        if store.schema != self.schema:
-            raise SchemaError(
-                f"load_into_memory: use_var changed since the last load "
-                f"({store.schema!r} -> {self.schema!r}); call release_memory() first"
-            )
+        store = self._store_of_schema("load_into_memory")
         store.extend([chunk for chunks in per_file for chunk in chunks])
         self._store = store
         self._shuffled_alone = False
@@ -161,6 +156,17 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                     f"{error.strerror or error}; the {stats.records} records loaded stay "
                     "in memory (iterate them, or free space and load again)",
                 ) from error
+
+    def _store_of_schema(self, what: str) -> RecordStore:
+        """The store to add records to: the one in memory, or a new one."""
+        schema = self._record_schema
+        store = self._store or RecordStore(schema)
+        if store.schema != schema:
+            raise SchemaError(
+                f"{what}: use_var (or parse_ins_id / parse_content) changed since the last "
+                f"load ({store.schema!r} -> {schema!r}); call release_memory() first"
+            )
+        return store
 
     # -- the parsed-data cache (datafeed/cache.py) -------------------------------------
 
@@ -194,7 +200,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 "be checked for staleness; use a pyarrow.fs filesystem or local files"
             )
         cache.write_cache(
-            os.fspath(path), self.schema, store.chunks, self._sources, self._source_stats
+            os.fspath(path), store.schema, store.chunks, self._sources, self._source_stats
         )
         logger.info("saved %d records to cache %s", store.rows, os.fspath(path))
 
@@ -216,14 +222,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             raise SchemaError("load_cache: no slots declared; call init(use_var=[...]) first")
         path = os.fspath(path)
         chunks, stats, sources = cache.read_cache(
-            path, self.schema, self._filelist, stat=self._source_now
+            path, self._record_schema, self._filelist, stat=self._source_now
         )
-        store = self._store or RecordStore(self.schema)
-        if store.schema != self.schema:
-            raise SchemaError(
-                f"load_cache: use_var changed since the last load "
-                f"({store.schema!r} -> {self.schema!r}); call release_memory() first"
-            )
+        store = self._store_of_schema("load_cache")
         store.extend(chunks)
         self._store = store
         self._shuffled_alone = False
@@ -269,6 +270,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         (checked), and the outcome is a function of the seed and the inputs
         (see ``datafeed.global_shuffle``). Without a fleet of several workers
         and without a process group of several ranks, it is ``local_shuffle``.
+        With merge by line id on (``_set_merge_by_lineid``, ``merge_size > 0``),
+        the records of one instance id are then merged, as in Paddle
+        (``datafeed.merge``; on one worker only).
 
         Args:
             fleet: ``trainer.fleet`` (or any object with ``worker_num()``), or None.
@@ -289,7 +293,19 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         if workers <= 1 and world <= 1:
             self.local_shuffle(seed=seed)
             self._shuffled_alone = True
+            if self._settings["merge_by_lineid"]:
+                self._merge_by_lineid()
             return
+        if self._settings["merge_by_lineid"]:
+            # Paddle sends the records of one id to one worker (a hash of the id);
+            # this global shuffle balances positions instead.
+            raise GlobalShuffleError(
+                f"global_shuffle: merge by line id (merge_size / _set_merge_by_lineid) "
+                f"among {workers} workers is not supported: the records of one instance id "
+                "would have to meet on one worker; merge on one worker, or group the "
+                "records of an id in the reader",
+                rank=0,
+            )
         if world != workers:
             raise GlobalShuffleError(
                 f"global_shuffle: the fleet has {workers} workers but the torch.distributed "
@@ -299,7 +315,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 rank=0,
             )
         self._check_no_preload("global_shuffle")
-        store = self._store or RecordStore(self.schema)
+        store = self._store or RecordStore(self._record_schema)
         store_rows = store.rows
         if seed is None:  # else rank 0's fresh seed, shared by global_shuffle
             seed = self._shuffles.derived_seed(self._settings["seed"])
@@ -320,6 +336,17 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._shuffled_alone = False
         self._note_shuffle(("global", seed, world), store_rows)
         release_free_memory()
+
+    def _merge_by_lineid(self, seed: int | None = None) -> None:
+        """Merges the records of one instance id (datafeed/merge.py), as Paddle's
+        global_shuffle does after shuffling when merge by line id is on."""
+        store = self._require_store("merge by line id")
+        if seed is None:
+            seed = self._shuffles.next_seed(self._settings["seed"])
+        self._shuffles.counter += 1
+        rows = store.rows
+        self._store, _ = merge.merge_by_ins_id(store, self._settings["merge_size"], seed)
+        self._note_shuffle(("merge", seed, self._settings["merge_size"]), rows)
 
     def slots_shuffle(self, slots: Iterable[str], seed: int | None = None) -> None:
         """Replaces the named slots' values with those of other, random records.
@@ -513,7 +540,12 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
     def __iter__(self) -> Iterator[Batch]:
         """One pass over the records in memory, ``batch_size`` records per batch."""
         store = self._require_store("iterating the dataset")
-        batcher = Batcher(self.schema, self.batch_size, self._settings["drop_last"])
+        batcher = Batcher(
+            store.schema,
+            self.batch_size,
+            self._settings["drop_last"],
+            self._settings["input_type"],
+        )
         position = self._position
         # After load_state_dict(), the pass continues after the batches consumed.
         start = position.take_resume()

@@ -4,8 +4,7 @@ The ``_set_*`` setters of Paddle 2.x/3.x ``DatasetBase`` and ``InMemoryDataset``
 the public setters of the older ``fluid.dataset`` classes, and the attributes
 Paddle scripts assign directly (``dataset.thread_num = 0``). Each maps onto a
 fleetfeed setting through ``update_settings``, so datafeed/settings.py stays the
-one place that validates a value and rejects what is not supported yet
-(``parse_ins_id=True``, ``merge_size > 0``). What exists only inside Paddle's
+one place that validates a value. What exists only inside Paddle's
 C++ (the GPU parameter server, BoxPS, pslib, the GPU graph engine, TDM
 sampling) raises ``NotImplementedError`` saying what to use instead; a setter
 that only switches such a feature off is accepted. docs/porting_from_paddle.md
@@ -268,11 +267,11 @@ class PaddleInMemoryDataset:
         "Paddle's slots_shuffle reservoir size: stored; slots_shuffle draws from every record.",
     )
 
-    @property
-    def merge_by_lineid(self) -> bool:
-        """Whether records with one line id are merged (``merge_size > 0``)."""
-        merge_size = self._settings["merge_size"]
-        return isinstance(merge_size, int) and merge_size > 0
+    merge_by_lineid = _setting_property(
+        "merge_by_lineid",
+        "Whether global_shuffle() then merges the records of one instance id "
+        "(``_set_merge_by_lineid``; datafeed/merge.py).",
+    )
 
     def _init_distributed_settings(
         self,
@@ -319,7 +318,7 @@ class PaddleInMemoryDataset:
         self.update_settings(fleet_send_sleep_seconds=fleet_send_sleep_seconds)
 
     def _set_merge_by_lineid(self, merge_size: int = 2) -> None:
-        self.update_settings(merge_size=merge_size, parse_ins_id=True)
+        self.update_settings(merge_size=merge_size, merge_by_lineid=True, parse_ins_id=True)
 
     def _set_fea_eval(self, record_candidate_size: int, fea_eval: bool = True) -> None:
         settings: dict[str, Any] = {"fea_eval": fea_eval}

@@ -95,6 +95,9 @@ class QueueDataset(DatasetBase):
 
     def __iter__(self) -> Iterator[Batch]:
         self._check_ready("iterating the dataset")
+        batcher = Batcher(
+            self.schema, self.batch_size, self._settings["drop_last"], self._settings["input_type"]
+        )
         pool = self._reader_pool()
         chunks: queue.Queue = queue.Queue(maxsize=max(self.queue_chunks, pool.threads + 1))
         done = object()
@@ -125,7 +128,6 @@ class QueueDataset(DatasetBase):
                     if pool.stopped:
                         return
 
-        batcher = Batcher(self.schema, self.batch_size, self._settings["drop_last"])
         producer = threading.Thread(target=produce, name="datafeed-queue", daemon=True)
         producer.start()
 

@@ -45,7 +45,11 @@ INMEMORY_SETTINGS: dict[str, Any] = {
     "queue_num": None,
     "fleet_send_batch_size": 1024,
     "fleet_send_sleep_seconds": 0,
+    # Merge by line id (Paddle's MergeByInsId, after global_shuffle): on with
+    # merge_by_lineid; merge_size > 0 turns it on (and parse_ins_id) and keeps
+    # only groups of exactly that many records.
     "merge_size": -1,
+    "merge_by_lineid": False,
     "parse_ins_id": False,
     "parse_content": False,
     "fea_eval": False,
@@ -100,10 +104,10 @@ def _check(name: str, value: Any) -> Any:
             )
         return value
     if name == "input_type":
-        if value != 0:
+        if isinstance(value, bool) or value not in (0, 1):
             raise SchemaError(
-                f"the 'input_type' setting must be 0 (one record per line), got {value!r}; "
-                "Paddle's input_type=1 (one batch per line) is not supported"
+                f"the 'input_type' setting must be 0 (one record per line) or 1 (one "
+                f"batch per line), got {value!r}"
             )
         return value
     if name == "on_bad_line":
@@ -120,7 +124,10 @@ def _check(name: str, value: Any) -> Any:
         if value is not None and not (_is_number(value, int) and value >= 0):
             raise SchemaError(f"the 'seed' setting must be None or an int >= 0, got {value!r}")
         return value
-    if name in ("drop_last", "fea_eval", "equal_batches"):
+    if name in (
+        "drop_last", "fea_eval", "equal_batches", "parse_ins_id", "parse_content",
+        "merge_by_lineid",
+    ):
         if not isinstance(value, bool):
             raise SchemaError(f"the {name!r} setting must be a bool, got {value!r}")
         return value
@@ -142,16 +149,11 @@ def _check(name: str, value: Any) -> Any:
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise SchemaError(f"the 'cache' setting must be None or a file path, got {value!r}")
         return None if value is None else os.fspath(value)
-    if name in ("parse_ins_id", "parse_content"):
-        if value:
-            raise SchemaError(
-                f"the {name!r} setting is not supported: MultiSlot lines carry records only"
-            )
-        return False
     if name == "merge_size":
-        if isinstance(value, int) and value > 0:
+        if not _is_number(value, int):
             raise SchemaError(
-                f"the 'merge_size' setting (merge by line id) is not supported, got {value!r}"
+                f"the 'merge_size' setting must be an int (> 0: merge by line id, "
+                f"keeping groups of that many records), got {value!r}"
             )
         return value
     return value
@@ -178,7 +180,13 @@ class Settings:
                 f"{where}() got unknown setting(s) {', '.join(map(repr, unknown))}; "
                 f"known settings are {', '.join(sorted(self._defaults))}"
             )
-        checked = {name: _check(name, value) for name, value in updates.items()}
+        checked: dict[str, Any] = {}
+        for name, value in updates.items():  # in order: a later setting wins
+            checked[name] = _check(name, value)
+            if name == "merge_size" and checked[name] > 0:
+                # Paddle's _set_merge_by_lineid: merging needs the instance ids.
+                checked["merge_by_lineid"] = True
+                checked["parse_ins_id"] = True
         self._values.update(checked)
 
     def __getitem__(self, name: str) -> Any:

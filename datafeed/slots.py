@@ -19,12 +19,20 @@ from .errors import SchemaError
 KIND_INT64 = 0
 KIND_UINT64 = 1
 KIND_FLOAT32 = 2
+# A text field's bytes (an instance id, a content field): never a use_var slot.
+KIND_TEXT = 3
 
-_KINDS = {"int64": KIND_INT64, "uint64": KIND_UINT64, "float32": KIND_FLOAT32}
+_KINDS = {
+    "int64": KIND_INT64,
+    "uint64": KIND_UINT64,
+    "float32": KIND_FLOAT32,
+    "text": KIND_TEXT,
+}
 _NUMPY_DTYPES = {
     "int64": np.dtype(np.int64),
     "uint64": np.dtype(np.uint64),
     "float32": np.dtype(np.float32),
+    "text": np.dtype(np.uint8),
 }
 # Spellings accepted from Paddle-style variables, numpy and torch dtypes.
 _DTYPE_ALIASES = {
@@ -107,6 +115,47 @@ class Slot:
         return f"{self.name}:{self.dtype}{shape}"
 
 
+@dataclass(frozen=True)
+class TextField(Slot):
+    """A text field of each record that precedes its slots on a line.
+
+    Paddle's ``parse_ins_id`` and ``parse_content`` lines begin with
+    ``1 <ins_id>`` and ``1 <content>``. The parser keeps each such field as a
+    column of its bytes after the slot columns, so that shuffles, the cache and
+    global shuffle carry it with its record; a batch hands it out as a list of
+    str (``Batch.ins_ids``, ``Batch.contents``), not as a slot.
+
+    Args:
+        name: the column's name (``INS_ID`` or ``CONTENT``).
+        dtype: always ``"text"``.
+        shape: always None.
+    """
+
+    dtype: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.name not in TEXT_FIELD_LABELS:
+            raise SchemaError(
+                f"a text field is one of {', '.join(TEXT_FIELD_LABELS)}, got {self.name!r}"
+            )
+        if self.dtype != "text" or self.shape is not None:
+            raise SchemaError(
+                f"text field {self.name!r} has dtype 'text' and no shape, got "
+                f"{self.dtype!r}, {self.shape!r}"
+            )
+
+    @property
+    def label(self) -> str:
+        """What the field is, for messages ("instance id", "content")."""
+        return TEXT_FIELD_LABELS[self.name]
+
+
+# The columns of the text fields, named so that no slot name can clash.
+INS_ID = "__ins_id__"
+CONTENT = "__content__"
+TEXT_FIELD_LABELS = {INS_ID: "instance id", CONTENT: "content"}
+
+
 def slot_from_var(var: Any) -> Slot:
     """Converts a ``Slot`` or a Paddle-style variable to a ``Slot``.
 
@@ -117,6 +166,11 @@ def slot_from_var(var: Any) -> Slot:
     it: feature ids up to 2**64 - 1 parse, and its tensors are int64 with the
     same bits (ids >= 2**63 read as negative).
     """
+    if isinstance(var, TextField):
+        raise SchemaError(
+            f"use_var takes slots; the text field {var.name!r} is read with the "
+            "parse_ins_id / parse_content settings"
+        )
     if isinstance(var, Slot):
         return var
     missing = [a for a in ("name", "dtype", "shape", "lod_level") if not hasattr(var, a)]
@@ -145,6 +199,7 @@ class SlotSchema(Sequence[Slot]):
 
     def __init__(self, slots: Iterable[Any]) -> None:
         self._slots = tuple(slot_from_var(s) for s in slots)
+        self.text_fields: tuple[TextField, ...] = ()
         seen: set[str] = set()
         for slot in self._slots:
             if slot.name in seen:
@@ -169,6 +224,28 @@ class SlotSchema(Sequence[Slot]):
 
     def __repr__(self) -> str:
         return f"SlotSchema([{', '.join(map(str, self._slots))}])"
+
+    def with_text_fields(self, ins_id: bool, content: bool) -> SlotSchema:
+        """The schema of records that also keep their instance id and/or content.
+
+        The text fields come after the slots (``text_fields`` lists them), so
+        slot ``i`` is still column ``i``; ``self`` when neither is asked for.
+        """
+        fields = [name for name, wanted in ((INS_ID, ins_id), (CONTENT, content)) if wanted]
+        if not fields:
+            return self
+        record = SlotSchema(self._slots)
+        record.text_fields = tuple(TextField(name) for name in fields)
+        record._slots += record.text_fields
+        record._index = {s.name: i for i, s in enumerate(record._slots)}
+        return record
+
+    @property
+    def slots_only(self) -> SlotSchema:
+        """The schema without its text fields."""
+        if not self.text_fields:
+            return self
+        return SlotSchema(self._slots[: len(self._slots) - len(self.text_fields)])
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -73,6 +73,26 @@ class RecordStore:
         chunk = RecordChunk(tuple(columns), len(chunk_of))  # type: ignore[arg-type]
         return RecordStore(self.schema, [chunk])
 
+    def take_per_column(self, rows: list[np.ndarray]) -> RecordStore:
+        """A new store of one chunk whose column ``i`` holds, at row ``k``, that
+        column of this store's row ``rows[i][k]`` (every ``rows[i]`` has one
+        length; equal arrays, by identity, are looked up once)."""
+        if len(rows) != len(self.schema):
+            raise ValueError(
+                f"take_per_column: {len(rows)} row arrays for {len(self.schema)} columns"
+            )
+        length = len(rows[0]) if rows else 0
+        if not self.chunks or not length:
+            return self.take(np.empty(0, dtype=np.int64), threads=1)
+        sources: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        columns = []
+        for i, picked in enumerate(rows):
+            if id(picked) not in sources:
+                sources[id(picked)] = self._sources(picked)
+            chunk_of, row_of = sources[id(picked)]
+            columns.append(gather_column([c.columns[i] for c in self.chunks], chunk_of, row_of))
+        return RecordStore(self.schema, [RecordChunk(tuple(columns), length)])
+
     def permute_columns(self, indices: list[int], permutation: np.ndarray) -> RecordStore:
         """A new store where, in the slots at ``indices``, row ``i`` holds the
         values of row ``permutation[i]``; the other slots are shared, not copied."""

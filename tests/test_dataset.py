@@ -72,7 +72,7 @@ def test_unknown_setting_is_a_type_error_naming_it():
         ("batch_size", 0, r"'batch_size' setting must be an int >= 1, got 0"),
         ("thread_num", "2", r"'thread_num' setting must be an int >= 0, got '2'"),
         ("on_bad_line", "ignore", r"'on_bad_line' setting must be 'raise' or 'skip', got 'ignore'"),
-        ("input_type", 1, r"input_type=1 \(one batch per line\) is not supported"),
+        ("input_type", 2, r"'input_type' setting must be 0 \(one record per line\) or 1"),
         ("pipe_command", " ", "must be a shell command"),
     ],
 )

@@ -257,31 +257,49 @@ def test_init_distributed_settings_follows_paddles_rules():
         dataset._init_distributed_settings(merge_by_sid=True)
 
 
-NOT_YET = [
-    (lambda d: d._init_distributed_settings(parse_ins_id=True),
-     "the 'parse_ins_id' setting is not supported"),
-    (lambda d: d._init_distributed_settings(parse_content=True),
-     "the 'parse_content' setting is not supported"),
-    (lambda d: d._init_distributed_settings(merge_size=2),
-     r"the 'merge_size' setting \(merge by line id\) is not supported, got 2"),
-    (lambda d: d._set_parse_ins_id(True), "the 'parse_ins_id' setting is not supported"),
-    (lambda d: d.set_parse_ins_id(True), "the 'parse_ins_id' setting is not supported"),
-    (lambda d: d.set_parse_content(True), "the 'parse_content' setting is not supported"),
-    (lambda d: d._set_merge_by_lineid(), "the 'merge_size' setting .* got 2"),
-    (lambda d: d.set_merge_by_lineid(3), "the 'merge_size' setting .* got 3"),
-    (lambda d: d.update_settings(parse_ins_id=True), "the 'parse_ins_id' setting is not"),
-    (lambda d: d.init(parse_ins_id=True), "the 'parse_ins_id' setting is not supported"),
+SETTERS = [
+    (lambda d: d._init_distributed_settings(parse_ins_id=True), (True, False, False, -1)),
+    (lambda d: d._init_distributed_settings(parse_content=True), (False, True, False, -1)),
+    # merge_size > 0 turns merging and parse_ins_id on (Paddle's _set_merge_by_lineid).
+    (lambda d: d._init_distributed_settings(merge_size=2), (True, False, True, 2)),
+    (lambda d: d._set_parse_ins_id(True), (True, False, False, -1)),
+    (lambda d: d.set_parse_ins_id(True), (True, False, False, -1)),
+    (lambda d: d.set_parse_content(True), (False, True, False, -1)),
+    (lambda d: d._set_merge_by_lineid(), (True, False, True, 2)),
+    (lambda d: d.set_merge_by_lineid(3), (True, False, True, 3)),
+    (lambda d: d.update_settings(parse_ins_id=True), (True, False, False, -1)),
+    (lambda d: d.init(parse_ins_id=True), (True, False, False, -1)),
+    # In order, as Paddle's update_settings: a later parse_ins_id=False wins.
+    (lambda d: d.update_settings(merge_size=2, parse_ins_id=False), (False, False, True, 2)),
+    (lambda d: d.update_settings(merge_size=-1), (False, False, False, -1)),
 ]
 
 
-@pytest.mark.parametrize("call, message", NOT_YET)
-def test_parser_formats_not_yet_supported_are_rejected_in_one_place(call, message):
+@pytest.mark.parametrize("call, expected", SETTERS)
+def test_the_parser_format_setters_set_what_paddle_sets(call, expected):
+    dataset = InMemoryDataset()
+    dataset.init(batch_size=3, use_var=[paddle_var("ids")])
+    call(dataset)
+    got = (dataset.parse_ins_id, dataset.parse_content, dataset.merge_by_lineid,
+           dataset._settings["merge_size"])
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("parse_ins_id", 1, "the 'parse_ins_id' setting must be a bool, got 1"),
+        ("merge_size", "2", "the 'merge_size' setting must be an int"),
+        ("input_type", 2, "must be 0 .one record per line. or 1 .one batch per line., got 2"),
+    ],
+)
+def test_bad_parser_format_values_are_refused_in_one_place(setting, value, message):
     dataset = InMemoryDataset()
     dataset.init(batch_size=3, use_var=[paddle_var("ids")])
     with pytest.raises(SchemaError, match=message):
-        call(dataset)
-    assert dataset._settings["parse_ins_id"] is False  # nothing was changed
-    assert dataset._settings["merge_size"] == -1 and dataset.batch_size == 3
+        dataset.update_settings(**{setting: value})
+    assert dataset._settings[setting] == {"parse_ins_id": False, "merge_size": -1,
+                                          "input_type": 0}[setting]
 
 
 PSGPU = re.escape("Paddle's GPU parameter server (PSGPU / HeterPS), which exists only inside")
