@@ -110,7 +110,7 @@ def job_main(config: dict) -> None:
     torch.set_num_threads(1)
     role = ClusterRole(
         Role.SERVER if config["role"] == "server" else Role.WORKER, config["index"],
-        config["workers"], tuple(config["servers"]),
+        config["workers"], tuple(config["servers"]), job_secret=config.get("key"),
     )
 
     # The two attributes the runtime reads from a DistributedStrategy.
@@ -211,9 +211,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(mode: str, args: argparse.Namespace, files: list[Path], tmp: Path) -> list[dict]:
-    """One fleetfeed job (1 server + 2 workers of this script); the workers' results."""
+# What fleetrun gives a job: its processes authenticate with keys derived from it.
+JOB_KEY = "bench-ps-job-key-0123456789abcdef"
+
+
+def run_job(
+    mode: str, args: argparse.Namespace, files: list[Path], tmp: Path, key: str | None = JOB_KEY
+) -> list[dict]:
+    """One fleetfeed job (1 server + 2 workers of this script); the workers' results.
+    ``key``: the job key (None: the transport's unauthenticated NULL mechanism)."""
     config = {
+        "key": key,
         "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
         "servers": [f"127.0.0.1:{free_port()}"], "files": [str(f) for f in files],
         "epochs": args.epochs, "batch_size": args.batch_size, "dim": args.dim, "lr": args.lr,
@@ -222,8 +230,8 @@ def run_job(mode: str, args: argparse.Namespace, files: list[Path], tmp: Path) -
     }
     commands = []
     for role, index in (("server", 0), ("worker", 0), ("worker", 1)):
-        # --profile: py-spy samples the server (its RPC handlers run on
-        # TensorPipe's threads, out of cProfile's reach).
+        # --profile: py-spy samples the server (its handlers run on the
+        # transport's threads, out of cProfile's reach).
         spy = ["py-spy", "record", "-r", "250", "--nonblocking", "-f", "raw",
                "-o", f"{args.profile}.server.{mode}.txt", "--"]
         commands.append((f"{mode}.{role}{index}", (spy if args.profile and role == "server" else [])
@@ -317,7 +325,7 @@ def summarize(runs: list[list[dict]]) -> dict:
     }
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--modes", nargs="+", default=["async", "geo", "sync"],
@@ -342,6 +350,19 @@ def main() -> None:
     parser.add_argument("--paddle-initial-g2sum", type=float, default=0.1)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--profile", default="", help="cProfile worker 0's loop to PROFILE.<mode>")
+    return parser
+
+
+def default_job_args(**overrides: object) -> argparse.Namespace:
+    """The job settings of a run with no options, with ``overrides`` (for other benchmarks)."""
+    args = _parser().parse_args([])
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.job:
         job_main(json.loads(args.job))

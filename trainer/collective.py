@@ -27,6 +27,7 @@ from torch import nn
 
 from .job import bind
 from .job.errors import WorkerFailedError
+from .job.keys import require_key_or_insecure
 
 __all__ = [
     "ColumnParallelLinear",
@@ -54,6 +55,7 @@ def init_collective(
     timeout: float = DEFAULT_TIMEOUT,
     local_rank: int = 0,
     backend: str | None = None,
+    job_key: str | None = None,
 ) -> str:
     """Joins (or creates, on rank 0) the job's default process group.
 
@@ -64,6 +66,9 @@ def init_collective(
         local_rank: the GPU this process uses (NCCL only).
         backend: ``"gloo"`` or ``"nccl"``; default NCCL when CUDA is available,
             else gloo.
+        job_key: the job's key: the rendezvous store then hides and signs the
+            job's entries (``trainer.job.bind.KeyedStore``). Without one, a
+            group across hosts needs ``FLEETFEED_INSECURE=1``.
 
     Returns:
         The backend used.
@@ -80,18 +85,16 @@ def init_collective(
     if dist.is_initialized():
         dist.destroy_process_group()
     _timeout = datetime.timedelta(seconds=timeout)
-    host = master_endpoint.rpartition(":")[0]
-    # A pinned interface keeps gloo on the rendezvous address (lo on 127.0.0.1),
-    # as PS transport does for TensorPipe.
+    host, _, port = master_endpoint.rpartition(":")
+    require_key_or_insecure(job_key, [master_endpoint], f"rank {rank}'s process group")
+    # A pinned interface keeps gloo on the rendezvous address (lo on 127.0.0.1).
     if host.startswith("127.") and backend == "gloo":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
+        # The store listens on its host only, and holds the job's entries keyed.
+        store = bind.rendezvous_store(host, int(port), rank, world_size, _timeout, job_key)
         dist.init_process_group(
-            backend,
-            init_method=f"{bind.SCHEME}://{master_endpoint}",  # the store on its host only
-            rank=rank,
-            world_size=world_size,
-            timeout=_timeout,
+            backend, store=store, rank=rank, world_size=world_size, timeout=_timeout
         )
     except Exception as error:  # torch raises several types (DistStoreError, RuntimeError)
         raise WorkerFailedError(

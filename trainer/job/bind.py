@@ -15,12 +15,21 @@ store's listening socket is bound first, to the address of the endpoint's host
 
 Under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) every rank is a client of the
 agent's store, as with torch's own ``tcp://`` rendezvous.
+
+A job with a key (``trainer.job.keys``) reaches the store only through
+``KeyedStore``: every name it uses lies under a prefix derived from the key, and
+every value carries an HMAC of its name and bytes. TCPStore has no way to list
+names, so an outsider who reaches the port can neither find the job's entries
+to read them nor forge one that the job would accept (see SECURITY.md for
+what it can still do: fill the store, or disturb torchrun's own agent keys).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
+import hmac
 import os
 import socket
 import sys
@@ -31,7 +40,10 @@ from urllib.parse import parse_qs, urlparse
 import torch.distributed as dist
 from torch.distributed.rendezvous import register_rendezvous_handler
 
-__all__ = ["SCHEME", "bound_store", "main"]
+from .errors import WorkerFailedError
+from .keys import derive
+
+__all__ = ["SCHEME", "KeyedStore", "bound_store", "main", "rendezvous_store"]
 
 SCHEME = "fleetfeed-tcp"
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -73,6 +85,100 @@ def bound_store(
     return dist.TCPStore(
         host, port, world_size, True, timeout, master_listen_fd=sock.detach(), use_libuv=True
     )
+
+
+_TAG_BYTES = 32
+
+
+class KeyedStore(dist.Store):
+    """A store whose names only the job's key can find and whose values only it
+    can write: names go under a key-derived prefix, values carry an HMAC-SHA256
+    tag of (name, value) that ``get`` checks.
+
+    ``add`` counters cannot carry a tag (the store adds to them); their names
+    are hidden like every other name.
+    """
+
+    def __init__(self, inner: dist.Store, key: str) -> None:
+        super().__init__()
+        self._inner = inner
+        self._prefix = derive(key, "store/names").hex()[:32] + "/"
+        self._mac_key = derive(key, "store/values")
+
+    def _name(self, key: str) -> str:
+        return self._prefix + key
+
+    def _tag(self, key: str, value: bytes) -> bytes:
+        message = key.encode() + b"\0" + value
+        return hmac.new(self._mac_key, message, hashlib.sha256).digest()
+
+    def _sealed(self, key: str, value: bytes | str) -> bytes:
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        return self._tag(key, raw) + raw
+
+    def _opened(self, key: str, sealed: bytes) -> bytes:
+        tag, raw = sealed[:_TAG_BYTES], sealed[_TAG_BYTES:]
+        if len(sealed) < _TAG_BYTES or not hmac.compare_digest(tag, self._tag(key, raw)):
+            raise WorkerFailedError(
+                f"rendezvous store entry {key!r} does not carry this job's signature: written "
+                "by a process without the job key (FLEETFEED_JOB_KEY differs, or an outsider)"
+            )
+        return raw
+
+    def set(self, key: str, value: bytes | str) -> None:
+        """Stores ``value`` under ``key``, signed."""
+        self._inner.set(self._name(key), self._sealed(key, value))
+
+    def get(self, key: str) -> bytes:
+        """The value under ``key`` (waits for it), after checking its signature."""
+        return self._opened(key, self._inner.get(self._name(key)))
+
+    def add(self, key: str, amount: int) -> int:
+        """Adds ``amount`` to the counter ``key``; its new value."""
+        return self._inner.add(self._name(key), amount)
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        """Sets ``key`` to ``desired`` if it holds ``expected`` (empty: absent)."""
+        sealed_expected = self._sealed(key, expected) if expected else b""
+        current = self._inner.compare_set(
+            self._name(key), sealed_expected, self._sealed(key, desired)
+        )
+        return self._opened(key, current) if current else current
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        """Waits until every name in ``keys`` exists."""
+        names = [self._name(k) for k in keys]
+        if timeout is None:
+            self._inner.wait(names)
+        else:
+            self._inner.wait(names, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        """Whether every name in ``keys`` exists."""
+        return self._inner.check([self._name(k) for k in keys])
+
+    def delete_key(self, key: str) -> bool:
+        """Deletes ``key``; whether it existed."""
+        return self._inner.delete_key(self._name(key))
+
+    def num_keys(self) -> int:
+        """The number of entries in the whole store."""
+        return self._inner.num_keys()
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """The default timeout of ``get`` and ``wait``."""
+        self._inner.set_timeout(timeout)
+
+
+def rendezvous_store(
+    host: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta,
+    key: str | None,
+) -> dist.Store:
+    """The store of a job's rendezvous at ``host:port``: rank 0 serves it (bound to
+    ``host``) unless torchrun's agent does; ``KeyedStore`` when the job has a key."""
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = bound_store(host, port, world_size, rank == 0 and not agent_store, timeout)
+    return store if key is None else KeyedStore(store, key)
 
 
 def _handler(

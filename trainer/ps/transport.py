@@ -132,6 +132,29 @@ def wait_for_port(endpoint: str, timeout: float) -> None:
         time.sleep(0.1)
 
 
+class _RefusalLog:
+    """Warns of refused peers: the first at once, then at most one line per
+    ``every`` seconds with the count since (a peer that retries in a loop, as
+    ZeroMQ and TCPStore clients do, must not flood the log)."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self._every = every
+        self._last = -float("inf")
+        self._since = 0
+        self._lock = threading.Lock()
+
+    def warn(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._every:
+                self._since += 1
+                return
+            since, self._since, self._last = self._since, 0, now
+        if since:
+            message += f" ({since} more refused since the last report)"
+        log.warning(message, *args)
+
+
 # -- keys ---------------------------------------------------------------------------
 
 
@@ -161,9 +184,12 @@ class _Authenticator:
     """ZeroMQ's ZAP handler for one context: admits CURVE peers that hold the
     workers' key, refuses (and logs) every other peer."""
 
-    def __init__(self, context: zmq.Context, keys: CurveKeys, where: str) -> None:
+    def __init__(
+        self, context: zmq.Context, keys: CurveKeys, where: str, refusals: _RefusalLog
+    ) -> None:
         self._worker_key = z85.decode(keys.worker_public)
         self._where = where
+        self._refusals = refusals
         self._socket = context.socket(zmq.REP)
         self._socket.linger = 0
         self._socket.bind(_ZAP_ENDPOINT)
@@ -189,7 +215,7 @@ class _Authenticator:
             if admitted:
                 reply = [version, request_id, b"200", b"OK", b"worker", b""]
             else:
-                log.warning(
+                self._refusals.warn(
                     "%s refused a connection from %s: it did not prove this job's key "
                     "(mechanism %s)", self._where, address.decode(errors="replace"),
                     mechanism.decode(errors="replace"),
@@ -229,7 +255,10 @@ class ServerEndpoint:
         self.name = name
         self._handlers = handlers
         self._context = zmq.Context()
-        self._auth = None if keys is None else _Authenticator(self._context, keys, name)
+        self._refusals = _RefusalLog()
+        self._auth = (
+            None if keys is None else _Authenticator(self._context, keys, name, self._refusals)
+        )
         self._router = self._context.socket(zmq.ROUTER)
         self._router.linger = 2000  # the last replies (stop_worker's) still go out
         self._router.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -266,7 +295,7 @@ class ServerEndpoint:
                     self._router.send_multipart(self._replies.recv_multipart(copy=False))
                 else:
                     event = recv_monitor_message(self._monitor)
-                    log.warning(
+                    self._refusals.warn(
                         "%s refused a connection on %s: handshake failed (%s); a peer "
                         "without this job's key, or of another protocol", self.name,
                         self.endpoint, _event_name(event["event"]),
