@@ -303,3 +303,76 @@ def test_ctrl_c_stops_a_collective_job(tmp_path):
     for pid in ranks:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# A job whose workers are loading through a pipe command that never ends: the
+# sleep's duration (argv[2]) is unique, so that its processes are found in /proc.
+LOADING_JOB = r'''
+import os, socket, sys, threading, time
+out, marker, where = sys.argv[1], sys.argv[2], sys.argv[3]
+if os.environ["TRAINING_ROLE"] == "PSERVER":
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((os.environ["POD_IP"], int(os.environ["PADDLE_PORT"])))
+    sock.listen(16)
+    time.sleep(60)
+else:
+    sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "tests"))
+    from support import SMALL_SCHEMA, small_line
+    from datafeed import InMemoryDataset
+    path = os.path.join(out, f"part-{os.environ['PADDLE_TRAINER_ID']}.txt")
+    with open(path, "w") as f:
+        f.write(small_line(0))
+    dataset = InMemoryDataset()
+    dataset.init(use_var=SMALL_SCHEMA, pipe_command=f"cat; sleep {marker}")
+    dataset.set_filelist([path])
+    if where == "thread":  # as a QueueDataset's producer: no SIGTERM handler of its own
+        threading.Thread(target=dataset.load_into_memory, daemon=True).start()
+        time.sleep(60)
+    else:
+        dataset.load_into_memory()
+'''
+
+
+def sleeping(marker: str) -> list[int]:
+    """Live ``sleep <marker>`` processes."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if cmdline.read() != f"sleep\0{marker}\0".encode():
+                    continue
+            with open(f"/proc/{entry}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_ctrl_c_stops_the_workers_pipe_commands_too(tmp_path, where):
+    script = tmp_path / "loading.py"
+    script.write_text(LOADING_JOB)
+    marker = f"1000.{os.getpid()}{time.monotonic_ns() % 10**9}"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch", "--server_num=1", "--worker_num=2",
+         str(script), str(tmp_path), marker, where],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: len(sleeping(marker)) == 2, "both workers' pipe commands", timeout=30,
+                 details=lambda: launcher.poll())
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=30)
+        assert launcher.returncode == 128 + signal.SIGINT, err
+        assert "fleetrun: SIGINT, stopped every process" in err
+        assert sleeping(marker) == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+        for pid in sleeping(marker):  # a failed test leaves nothing running either
+            os.kill(pid, signal.SIGKILL)

@@ -14,7 +14,8 @@ fails (exits non-zero or is killed), naming it and printing the tail of its log.
 A server that exits 0 is not a failure: its ``run_server()`` returns once every
 worker has called ``stop_worker()``, which can be before the workers have exited.
 Every child runs in its own process group and is stopped (SIGTERM, then SIGKILL)
-on every path, Ctrl-C included, together with anything it started.
+on every path, Ctrl-C included, together with anything it started, in its group
+or in a session of its own (a dataset's pipe commands): its whole process tree.
 Each process gets ``OMP_NUM_THREADS=1`` unless the environment sets it (the
 processes share the machine's cores).
 
@@ -165,25 +166,69 @@ def _start(name: str, command: list[str], env: dict[str, str], log_path: str) ->
     return _Child(name, process, log_path, log)
 
 
-def _signal_group(child: _Child, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.process.pid, signum)  # its own session: the child and its children
+def _groups_below(processes: Sequence[subprocess.Popen]) -> set[int]:
+    """The process groups of ``processes`` (each leads its own) and of every
+    process below the live ones, from /proc: a command a child started in a
+    session of its own (a dataset's pipe command) is not in the child's group,
+    and once the child is dead it is no longer below it either."""
+    below: dict[int, list[int]] = {}
+    group_of: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with (
+                contextlib.suppress(OSError, IndexError, ValueError),
+                open(f"/proc/{entry}/stat", "rb") as stat,
+            ):
+                # pid (comm) state ppid pgrp ...; comm may hold spaces and ')'
+                fields = stat.read().rsplit(b")", 1)[1].split()
+                below.setdefault(int(fields[1]), []).append(int(entry))
+                group_of[int(entry)] = int(fields[2])
+    groups = {process.pid for process in processes}
+    pending = [process.pid for process in processes if process.poll() is None]
+    while pending:
+        for pid in below.get(pending.pop(), ()):
+            groups.add(group_of[pid])
+            pending.append(pid)
+    groups.discard(os.getpgrp())  # never fleetrun's own
+    return groups
+
+
+def _signal_groups(groups: set[int], signum: int) -> None:
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signum)
+
+
+def _stop_trees(processes: Sequence[subprocess.Popen], grace: float) -> None:
+    """SIGTERM the process groups of ``processes`` and of everything they
+    started, SIGKILL them once the processes ended or after ``grace`` seconds;
+    reaps ``processes``. The groups are found before anything dies (an orphan
+    is no longer below its parent) and again before the SIGKILL (what a child
+    started meanwhile)."""
+    groups = _groups_below(processes)
+    _signal_groups(groups, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(max(deadline - time.monotonic(), 0.01))
+    groups |= _groups_below(processes)
+    _signal_groups(groups, signal.SIGKILL)  # also what the children left behind
+    for process in processes:
+        process.wait()
 
 
 def _stop_all(children: Sequence[_Child]) -> None:
-    """SIGTERM every child's process group, SIGKILL what is left after a grace period."""
+    """Stops every child's whole process tree (``_stop_trees``): SIGTERM, then
+    SIGKILL what is left after a grace period."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
-    for child in children:
-        _signal_group(child, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for child in children:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.process.wait(max(deadline - time.monotonic(), 0.01))
-    for child in children:
-        _signal_group(child, signal.SIGKILL)  # also reaps grandchildren left behind
-        child.process.wait()
-        child.log.close()
+    try:
+        _stop_trees([child.process for child in children], STOP_GRACE_SECONDS)
+    finally:
+        for child in children:
+            child.log.close()
 
 
 def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -336,12 +381,7 @@ def _run_collective(args: argparse.Namespace) -> int:
         return process.wait()
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(STOP_GRACE_SECONDS * 2)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            _stop_trees([process], STOP_GRACE_SECONDS * 2)  # its ranks' commands too
 
 
 def _raise_interrupted(signum: int, _frame: object) -> NoReturn:
