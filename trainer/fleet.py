@@ -131,7 +131,7 @@ class Fleet:
             assert role_maker.master_endpoint is not None  # set by every collective role
             collective.init_collective(
                 role.index, role.worker_num, role_maker.master_endpoint,
-                timeout=timeout, local_rank=role_maker.local_rank,
+                timeout=timeout, local_rank=role_maker.local_rank, job_key=role.job_secret,
             )
         logger.info("fleet.init: %s", role)
 
@@ -184,7 +184,7 @@ class Fleet:
 
         collective.init_collective(
             role.index, role.worker_num, role.worker_endpoints[0],
-            timeout=self._timeout, backend="gloo",
+            timeout=self._timeout, backend="gloo", job_key=role.job_secret,
         )
         self._ps_worker_group = True
         return True
