@@ -23,11 +23,11 @@ import json
 import logging
 from typing import Any
 
-from . import collectives, global_shuffle, shuffle
+from . import collectives, global_shuffle, merge, shuffle
 from .errors import StateError
 from .position import Position, QueuePosition
 from .shuffle import ShuffleHistory
-from .slots import SlotSchema
+from .slots import INS_ID, SlotSchema
 from .store import RecordStore
 
 logger = logging.getLogger("datafeed")
@@ -60,14 +60,15 @@ _QUEUE_KEYS = (
 )
 # Seeds a replayed shuffle accepts: numpy's generators take any int >= 0; the
 # global shuffle exchanges its seed as an int64.
-_SEED_LIMITS = {"local": 1 << 64, "slots": 1 << 64, "global": 1 << 63}
+_SEED_LIMITS = {"local": 1 << 64, "slots": 1 << 64, "merge": 1 << 64, "global": 1 << 63}
 _SHAPES = {
     "local": "['local', seed]",
     "global": "['global', seed, world size]",
     "slots": "['slots', seed, [slot names]]",
+    "merge": "['merge', seed, merge size]",
 }
 # Shuffles after which the records in memory are not those loaded.
-_RECOUNTING = ("global",)
+_RECOUNTING = ("global", "merge")
 _WHERE = "load_state_dict()"
 _QUEUE_WHERE = "QueueDataset.load_state_dict()"
 
@@ -101,8 +102,8 @@ def inmemory_state(
         "last_shuffle_seed": history.last_seed,
         # Records in memory before the first shuffle (the replay starts there).
         "records": history.records_before if history.entries else records,
-        # And now: a global shuffle changes the count; the position is checked
-        # against it before anything is replayed.
+        # And now: a global shuffle or a merge changes the count; the position
+        # is checked against it before anything is replayed.
         "records_in_memory": records,
         "shuffles": [list(entry) for entry in history.entries],
     }
@@ -166,6 +167,7 @@ def _check_entry(index: int, entry: Any) -> None:
     if (
         len(entry) != (2 if kind == "local" else 3)
         or (kind == "slots" and not _is_names(last))
+        or (kind == "merge" and not _is_int(last))
     ):
         raise StateError(
             f"{_WHERE}: shuffles[{index}]: expected {_SHAPES[kind]}, found {_shown(entry)}"
@@ -237,15 +239,15 @@ def check_inmemory_fit(
 
 def _records_after_replay(state: dict[str, Any]) -> int | None:
     """The records in memory once the state's shuffles are replayed; None when
-    a global shuffle changed them and the state (of an earlier version) does
-    not say how many it left."""
+    a global shuffle or a merge changed them and the state (of an earlier
+    version) does not say how many it left."""
     now = state.get("records_in_memory")
     if any(entry[0] in _RECOUNTING for entry in state["shuffles"]):
         return now
     if now is not None and now != state["records"]:
         raise StateError(
             f"{_WHERE}: 'records_in_memory': expected {_shown(state['records'])} (only a "
-            f"global shuffle changes the records), found {_shown(now)}"
+            f"global shuffle or a merge changes the records), found {_shown(now)}"
         )
     return state["records"]
 
@@ -255,8 +257,9 @@ def check_replay(entry: list[Any], schema: SlotSchema) -> None:
     records of ``schema``.
 
     Raises:
-        StateError: a global shuffle among another number of workers, or a
-            slots shuffle of slots this dataset lacks.
+        StateError: a global shuffle among another number of workers, a slots
+            shuffle of slots this dataset lacks, or a merge by line id of
+            records without their instance ids.
     """
     kind = entry[0]
     if kind == "global":
@@ -277,6 +280,12 @@ def check_replay(entry: list[Any], schema: SlotSchema) -> None:
                 f"{_WHERE}: the state's slots_shuffle names slots {_shown(missing)} "
                 "that this dataset does not declare"
             )
+    elif kind == "merge":
+        if INS_ID not in {slot.name for slot in schema}:
+            raise StateError(
+                f"{_WHERE}: the state replays a merge by line id; the records in memory "
+                "carry no instance ids (load them with parse_ins_id=True)"
+            )
     elif kind != "local":
         raise StateError(f"{_WHERE}: unknown shuffle {_shown(entry)} in the state")
 
@@ -294,6 +303,8 @@ def replay_shuffle(
     kind, seed = entry[0], int(entry[1])
     if kind == "local":
         return shuffle.local_shuffle(store, seed, threads)
+    if kind == "merge":  # merge by line id: ("merge", seed, merge_size)
+        return merge.merge_by_ins_id(store, int(entry[2]), seed)[0]
     if kind == "global":
         shuffled, _ = global_shuffle.global_shuffle(
             store, seed, send_batch_size=send_batch_size, threads=threads

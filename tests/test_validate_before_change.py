@@ -101,6 +101,14 @@ BAD_INMEMORY = {
         {"shuffles": "APPEND_GLOBAL"},
         r"replays a global shuffle among 2 workers; this process group has 1",
     ),
+    "last-entry-merge-without-ins-ids": (
+        {"shuffles": "APPEND_MERGE"},
+        r"replays a merge by line id; the records in memory carry no instance ids",
+    ),
+    "merge-size-str": (
+        {"shuffles": [["merge", 3, "2"]]},
+        r"shuffles\[0\]: expected \['merge', seed, merge size\], found \['merge', 3, '2'\]",
+    ),
     "huge-batches": (
         {"batches_consumed": 10**12},
         r"'batches_consumed': expected 0 to 4 \(batches per pass of 15 records, "
@@ -130,6 +138,9 @@ def test_a_refused_inmemory_state_changes_nothing(
         changes = dict(changes)
         if changes.get("shuffles") == "APPEND_SLOTS":
             changes["shuffles"] = state["shuffles"] + [["slots", 5, ["nope"]]]
+            changes.setdefault("shuffle_counter", 2)
+        elif changes.get("shuffles") == "APPEND_MERGE":
+            changes["shuffles"] = state["shuffles"] + [["merge", 5, 2]]
             changes.setdefault("shuffle_counter", 2)
         elif changes.get("shuffles") == "APPEND_GLOBAL":
             changes["shuffles"] = state["shuffles"] + [["global", 5, 2]]
