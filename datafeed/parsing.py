@@ -1,7 +1,9 @@
 """MultiSlot text to column chunks: the Python face of the Cython parser.
 
 A MultiSlot line holds, for each slot in schema order, a value count and that
-many values (``<n> v1 .. vn``), separated by spaces or tabs. ``ChunkParser``
+many values (``<n> v1 .. vn``), separated by spaces or tabs; a schema with text fields
+(``SlotSchema.with_text_fields``: Paddle's ``parse_ins_id`` / ``parse_content``)
+reads ``1 <ins_id>`` / ``1 <content>`` before the slots. ``ChunkParser``
 parses a stream fed in pieces of any size, releasing the GIL while it works,
 and hands out the parsed rows as ``RecordChunk`` objects. Every line is either
 a record or, with ``skip_bad_lines=True``, a counted skip; otherwise a bad line
@@ -63,7 +65,8 @@ class ChunkParser:
             before a slot), ``bad_count``, ``count_not_positive``,
             ``dense_count_mismatch``, ``too_few_values``, ``not_a_number``,
             ``float_in_integer_slot``, ``negative_uint64``, ``out_of_range``,
-            ``trailing_tokens`` and ``line_too_long``.
+            ``trailing_tokens``, ``line_too_long`` and ``bad_text_field`` (a
+            line without its ``1 <ins_id>`` / ``1 <content>``).
         bad_line_messages: the full error messages of the first few skipped lines.
         pending_rows: rows parsed but not yet taken.
 
