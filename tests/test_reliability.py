@@ -429,8 +429,8 @@ gs.ROUND_BYTES = 1  # many small rounds
 if rank == 2:  # dies after the first round of records was exchanged
     exchange = gs.TimedCollectives.exchange
 
-    def exchange_then_die(self, *args):
-        result = exchange(self, *args)
+    def exchange_then_die(self, *args, **kwargs):
+        result = exchange(self, *args, **kwargs)
         print(f"rank {rank}: SIGKILL after the first round", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -46,6 +46,9 @@ logger = logging.getLogger("trainer.collective")
 
 DEFAULT_TIMEOUT = 300.0
 _timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT)
+# The group's store, held here: a store written in Python (KeyedStore) is only
+# reachable from torch's C++ side while its Python object lives.
+_store: dist.Store | None = None
 
 
 def init_collective(
@@ -77,7 +80,7 @@ def init_collective(
         WorkerFailedError: the group did not form within ``timeout`` (naming
             this rank and the endpoint).
     """
-    global _timeout
+    global _timeout, _store
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -96,6 +99,7 @@ def init_collective(
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=_timeout
         )
+        _store = store
     except Exception as error:  # torch raises several types (DistStoreError, RuntimeError)
         raise WorkerFailedError(
             f"rank {rank} of {world_size}: the process group at {master_endpoint} did "
@@ -115,6 +119,7 @@ def destroy(wait_for_peers: bool = True) -> None:
             tears it down while the others still use it makes them (or itself,
             at exit) abort.
     """
+    global _store
     if not dist.is_initialized():
         return
     try:
@@ -122,6 +127,7 @@ def destroy(wait_for_peers: bool = True) -> None:
             barrier()
     finally:
         dist.destroy_process_group()
+        _store = None
         # Free finished work objects and dead wrappers now: gloo objects that
         # outlive the interpreter's finalization abort the process at exit.
         gc.collect()
