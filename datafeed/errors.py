@@ -127,7 +127,8 @@ class GlobalShuffleError(DatafeedError, RuntimeError):
 
     Attributes:
         rank: the rank that raised it.
-        peers: ranks found not answering (empty when unknown).
+        peers: ranks found not answering, or the peer whose data was refused
+            (empty when unknown).
     """
 
     def __init__(self, message: str, *, rank: int, peers: tuple[int, ...] = ()) -> None:

@@ -187,7 +187,9 @@ def test_a_stderr_flood_is_kept_as_a_bounded_tail_not_spooled_to_disk(text_file_
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     # 64 MB of stderr while the output stays open, then a last line and a failure.
-    command = "head -c 64000000 /dev/zero | tr '\\0' x >&2; echo >&2; echo the last line >&2; exit 2"
+    command = (
+        "head -c 64000000 /dev/zero | tr '\\0' x >&2; echo >&2; echo the last line >&2; exit 2"
+    )
     source = open(text_file_for_flood, "rb")  # noqa: SIM115 - the PipeProcess closes it
     process = PipeProcess(command, source, name="flood.txt")
     try:

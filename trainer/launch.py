@@ -266,20 +266,29 @@ def _port_open(endpoint: str) -> bool:
         return False
 
 
-def _job_key(endpoints: Sequence[str]) -> str:
+def _remote_endpoints(endpoints: Sequence[str]) -> str | None:
+    """The endpoints not on this machine's loopback, as text (None: all are)."""
+    remote = [ep for ep in endpoints if not keys.is_loopback(ep.rpartition(":")[0])]
+    return f"endpoints {', '.join(remote)}" if remote else None
+
+
+def _job_key(other_hosts: str | None) -> str:
     """The key this job's processes share: the user's (``FLEETFEED_JOB_KEY`` or
     ``FLEETFEED_JOB_KEY_FILE``), else a fresh one when every endpoint is on this
     machine. A job across hosts needs the same key on every host's fleetrun, so
-    one fleetrun cannot make it up alone ("": none, ``FLEETFEED_INSECURE=1``)."""
+    one fleetrun cannot make it up alone ("": none, ``FLEETFEED_INSECURE=1``).
+
+    Args:
+        other_hosts: what puts the job on other hosts (for the error), or None.
+    """
     key = keys.read_job_key()
     if key is not None:
         return key
-    remote = [ep for ep in endpoints if not keys.is_loopback(ep.rpartition(":")[0])]
-    if remote and keys.insecure_allowed():
+    if other_hosts and keys.insecure_allowed():
         return ""  # no key: each host's fleetrun would make up a different one
-    if remote:
+    if other_hosts:
         raise SystemExit(
-            f"fleetrun: endpoints {', '.join(remote)} are on other hosts: give every host's "
+            f"fleetrun: {other_hosts} reaches other hosts: give every host's "
             f"fleetrun the same job key in {keys.KEY_ENV} or a file named by "
             f"{keys.KEY_FILE_ENV} (or set {keys.INSECURE_ENV}=1 on a trusted network)"
         )
@@ -294,7 +303,7 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
         PADDLE_PSERVERS_IP_PORT_LIST=",".join(servers),
         PADDLE_TRAINER_ENDPOINTS=",".join(workers),
         PADDLE_TRAINERS_NUM=str(len(workers)),
-        FLEETFEED_JOB_KEY=_job_key(servers + workers),
+        FLEETFEED_JOB_KEY=_job_key(_remote_endpoints(servers + workers)),
     )
     for name in ("PADDLE_TRAINER_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         common.pop(name, None)  # not this job's: a stale value would confuse a role maker
@@ -376,6 +385,9 @@ def _run_collective(args: argparse.Namespace) -> int:
     ]
     env = _base_env()
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun warns and sets it otherwise
+    # The ranks' store entries are keyed with it (trainer.job.bind.KeyedStore).
+    several_hosts = str(args.nnodes) != "1" or not keys.is_loopback(args.master_addr)
+    env[keys.KEY_ENV] = _job_key(f"--master_addr {args.master_addr}" if several_hosts else None)
     process = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         return process.wait()
