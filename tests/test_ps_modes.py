@@ -1,6 +1,6 @@
 """The parameter server's training modes (``trainer.ps.modes``), in process: a
 ``ServerSet`` stand-in calls a ``ParameterServer`` here, so each mode's step is
-checked value by value without an RPC group."""
+checked value by value without sockets."""
 
 from __future__ import annotations
 

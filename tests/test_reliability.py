@@ -647,7 +647,7 @@ def test_a_single_machine_fleetrun_job_listens_on_loopback_only(tmp_path, mode):
             launcher.communicate()
     assert launcher.returncode == 0, output[-4000:]
     job_pids = {int(p.name.split("-")[1]) for p in tmp_path.glob("ready-*")}
-    # Every process of the job listens somewhere (store, gloo, TensorPipe, presence)...
+    # Every process of the job listens somewhere (store, gloo, parameter server)...
     assert listening and {pid for pid, _, _ in listening} & job_pids, listening
     # ...and only on the loopback interface.
     exposed = [(pid, address, port) for pid, address, port in listening if address != "127.0.0.1"]

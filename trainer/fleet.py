@@ -150,7 +150,7 @@ class Fleet:
         Dataset collectives (``global_shuffle``, ``get_memory_data_size(fleet)``)
         and ``fleet.util.all_reduce`` run over the default process group. A
         collective job has one from ``init``. In a PS job the workers have none
-        (they talk to servers over RPC), so the first call forms a gloo group of
+        (they talk to the servers over the PS transport), so the first call forms a gloo group of
         the workers alone, with worker 0's endpoint as the rendezvous; every
         worker must make the call (each of those operations is collective
         anyway). ``stop_worker`` leaves it.

@@ -8,8 +8,8 @@ store's listening socket is bound first, to the address of the endpoint's host
 (``master_listen_fd``). Used by:
 
 - the ``fleetfeed-tcp://host:port`` rendezvous (registered on import): the
-  collective process group (``trainer.collective``) and the parameter
-  server's RPC group (``trainer.ps.transport``);
+  collective process group (``trainer.collective``), which is also the
+  workers' gloo group of a parameter-server job (``trainer.fleet``);
 - ``python -m trainer.job.bind ...`` (what ``fleetrun --nproc_per_node`` runs):
   ``torch.distributed.run`` with its agent's store bound the same way.
 

@@ -31,8 +31,9 @@ class ClusterRole:
         worker_endpoints: ``host:port`` of every worker, where known.
         is_collective: a collective (all-reduce) job rather than a PS job.
         distributed: False for the single-process fallback (no role environment).
-        job_secret: a per-job secret shared by the job's processes (set by
-            fleetrun), checked by servers on every call; None when unset.
+        job_secret: the job key shared by the job's processes (set by
+            fleetrun, ``trainer.job.keys``): the PS transport's and the stores'
+            keys derive from it; None when unset.
     """
 
     role: Role

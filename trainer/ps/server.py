@@ -1,5 +1,5 @@
 """A parameter server: its shard of every sparse table, its dense parameters,
-and the RPC handlers workers call.
+and the handlers workers call (over ``trainer.ps.transport``).
 
 Sparse rows are sharded by id (``table.shard_of``); dense parameters by their
 index in the optimizer's parameter list (index mod server_num). The handlers are
@@ -37,7 +37,7 @@ DensePart = Mapping[int, torch.Tensor]  # dense index -> values
 
 
 class ParameterServer:
-    """Server ``index`` of ``server_num``: the state behind the RPC handlers."""
+    """Server ``index`` of ``server_num``: the state behind the handlers."""
 
     def __init__(
         self,

@@ -84,7 +84,7 @@ def init_rows(ids: np.ndarray, dim: int, seed: np.uint64, scale: float) -> np.nd
 class SparseTable:
     """One table (or one server's shard of it): id -> float32 row of ``dim``.
 
-    Thread-safe: every public method holds the table's lock, so RPC handler
+    Thread-safe: every public method holds the table's lock, so handler
     threads and Hogwild trainer threads may share it.
 
     Args:
