@@ -16,6 +16,7 @@ from .errors import (
     ParseError,
     ReaderError,
     SchemaError,
+    StateError,
 )
 from .fs import list_files
 from .slots import Slot, SlotSchema
@@ -40,6 +41,7 @@ __all__ = [
     "SchemaError",
     "Slot",
     "SlotSchema",
+    "StateError",
     "format_slots",
     "list_files",
     "parse_slots",

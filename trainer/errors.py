@@ -5,6 +5,7 @@ keeps working."""
 from __future__ import annotations
 
 from .job.errors import (
+    CheckpointError,
     RoleError,
     ServerCallError,
     ServerUnavailableError,
@@ -13,6 +14,7 @@ from .job.errors import (
 )
 
 __all__ = [
+    "CheckpointError",
     "RoleError",
     "ServerCallError",
     "ServerUnavailableError",
