@@ -34,6 +34,17 @@ global shuffle runs in the main thread, SIGTERM is held back (for at most
 ``TERM_GRACE`` seconds of collectives, plus the peer probe of a failure) and
 then delivered: a launcher that stops every rank when one dies (torchrun, so
 ``fleetrun --nproc_per_node``) still finds each survivor's error in its log.
+
+With ``route_by_ins_id`` (merge by line id on), records are not spread by the
+permutation: each goes to rank ``XXH64(instance id, seed 0) % world``
+(``datafeed.hashing``), where Paddle's global shuffle sends it, so the records
+of one id meet on one rank for the merge. Every rank first sends every other
+its records' destinations (one byte each for up to 256 ranks); from them each
+receiver knows, as before, exactly which records (now labelled by their index
+among all ranks' records) it must get from each peer in each round, and it
+also checks that the instance ids it receives hash to it. A rank's share is
+then in that global index order (the merge shuffles what it leaves); the
+counts are as the ids fall, not balanced.
 """
 
 from __future__ import annotations
@@ -48,9 +59,10 @@ import pyarrow as pa
 from .arrow import chunk_from_record_batch, chunk_to_record_batch, schema_problem, stream_batch
 from .collectives import HeldTermination, TimedCollectives, host_group
 from .columns import RecordChunk
-from .errors import GlobalShuffleError
+from .errors import GlobalShuffleError, SchemaError
+from .hashing import ins_id_ranks
 from .memory import release_free_memory
-from .slots import SlotSchema
+from .slots import INS_ID, SlotSchema
 from .store import RecordStore
 
 logger = logging.getLogger("datafeed")
@@ -72,6 +84,7 @@ def global_shuffle(
     threads: int = 2,
     timeout: float | None = None,
     group: Any = None,
+    route_by_ins_id: bool = False,
 ) -> tuple[RecordStore, int]:
     """Redistributes and shuffles the records of every rank of ``group``.
 
@@ -86,14 +99,24 @@ def global_shuffle(
         threads: threads for the local gathers.
         timeout: seconds each collective may take; default the group's own.
         group: a ``torch.distributed`` process group; default the default group.
+        route_by_ins_id: send each record to the rank its instance id hashes
+            to (for merge by line id; see the module docstring). Every rank
+            must pass the same value.
 
     Returns:
-        This rank's new records (one chunk, in shuffled order) and the seed used.
+        This rank's new records (one chunk, in shuffled order, or in global
+        index order when routed by instance id) and the seed used.
 
     Raises:
         GlobalShuffleError: a peer died or stalled, seeds disagree, or records
             were lost, duplicated or malformed in transit.
+        SchemaError: ``route_by_ins_id`` for records without instance ids.
     """
+    if route_by_ins_id and INS_ID not in store.schema.names:
+        raise SchemaError(
+            "global_shuffle by instance id (merge by line id) needs each record's "
+            "instance id: set parse_ins_id=True and load the files again"
+        )
     import torch
     import torch.distributed as dist
 
@@ -101,7 +124,7 @@ def global_shuffle(
     _calls += 1
     with HeldTermination() as held:  # see TimedCollectives.run
         comm = TimedCollectives(dist, torch, host_group(dist, group), timeout, _calls, held)
-        return _shuffle(comm, store, seed, send_batch_size, threads)
+        return _shuffle(comm, store, seed, send_batch_size, threads, route_by_ins_id)
 
 
 def _shuffle(
@@ -110,6 +133,7 @@ def _shuffle(
     seed: int | None,
     send_batch_size: int,
     threads: int,
+    by_id: bool,
 ) -> tuple[RecordStore, int]:
     import torch
     import torch.distributed as dist
@@ -125,10 +149,11 @@ def _shuffle(
             _fresh_seed() if seed is None else int(seed),
             int(explicit),
             store.nbytes,
+            int(by_id),
         ],
         dtype=torch.int64,
     )
-    gathered = [torch.empty(4, dtype=torch.int64) for _ in range(world)]
+    gathered = [torch.empty(len(mine), dtype=torch.int64) for _ in range(world)]
     comm.run(
         lambda: dist.all_gather(gathered, mine, group=group, async_op=True),
         "exchanging counts",
@@ -163,18 +188,29 @@ def _shuffle(
     record_bytes = max(1, int(nbytes.sum()) // max(1, total))
     per_round = max(send_batch_size * world, ROUND_BYTES // record_bytes)
     rounds = max(1, -(-int(counts.max()) // per_round))
-    # 3. Where each local record goes: position j of the global permutation; and
-    # which positions each peer must send here in each round.
-    perm = np.random.default_rng(seed).permutation(total)
-    mask = (perm >= first) & (perm < first + local)
-    positions = np.empty(local, dtype=np.int64)
-    where = np.flatnonzero(mask)
-    positions[perm[where] - first] = where
-    del mask, where
-    expected, bounds = _expected_arrivals(perm, counts, rank, world, per_round, rounds)
-    del perm
-    destinations = positions % world
     schema = store.schema
+    if by_id:
+        # 3. Each record goes to the rank of its instance id and is labelled by
+        # its global index; which labels each peer must send here in each round.
+        owners = _exchange_owners(comm, store, counts)
+        positions = np.arange(first, first + local, dtype=np.int64)
+        destinations = owners[first : first + local]
+        expected, bounds = _expected_by_owner(owners, counts, rank, world, per_round, rounds)
+        final = np.flatnonzero(owners == rank)
+        del owners
+    else:
+        # 3. Where each local record goes: position j of the global permutation;
+        # and which positions each peer must send here in each round.
+        perm = np.random.default_rng(seed).permutation(total)
+        mask = (perm >= first) & (perm < first + local)
+        positions = np.empty(local, dtype=np.int64)
+        where = np.flatnonzero(mask)
+        positions[perm[where] - first] = where
+        del mask, where
+        expected, bounds = _expected_arrivals(perm, counts, rank, world, per_round, rounds)
+        del perm
+        destinations = positions % world
+        final = None
     received: list[RecordChunk] = []
     received_positions: list[np.ndarray] = []
     pending = list(store.chunks)
@@ -205,7 +241,7 @@ def _shuffle(
                     rank=rank, peers=(source,),
                 )
         for source, buffer in arrivals.items():
-            chunk, pos = _decode(schema, buffer, source, rank, world, due[source])
+            chunk, pos = _decode(schema, buffer, source, rank, world, due[source], by_id)
             received.append(chunk)
             received_positions.append(pos)
         del payloads, arrivals
@@ -216,12 +252,16 @@ def _shuffle(
         if received_positions
         else np.empty(0, np.int64)
     )
-    expected = np.arange(rank, total, world, dtype=np.int64)
+    expected = np.arange(rank, total, world, dtype=np.int64) if final is None else final
     order = np.argsort(arrived, kind="stable")
     if len(arrived) != len(expected) or not np.array_equal(arrived[order], expected):
+        which = (
+            f"positions {rank}, {rank + world}, ... of {total}" if final is None
+            else f"of the {total} records, those whose instance ids hash to rank {rank}"
+        )
         raise GlobalShuffleError(
-            f"rank {rank}: global_shuffle expected {len(expected)} records (positions "
-            f"{rank}, {rank + world}, ... of {total}), received {len(arrived)} with "
+            f"rank {rank}: global_shuffle expected {len(expected)} records ({which}), "
+            f"received {len(arrived)} with "
             f"{len(arrived) - len(np.unique(arrived))} duplicates; nothing was kept",
             rank=rank,
         )
@@ -251,14 +291,78 @@ def _shuffle(
 
 
 def _check_announced(table: np.ndarray, rank: int) -> None:
-    """Every rank's announced count, bytes and seed flag must be possible."""
-    for source, (count, _seed, given, nbytes) in enumerate(table.tolist()):
-        if count < 0 or nbytes < 0 or given not in (0, 1):
+    """Every rank's announced count, bytes and flags must be possible, and every
+    rank must route the same way."""
+    for source, (count, _seed, given, nbytes, by_id) in enumerate(table.tolist()):
+        if count < 0 or nbytes < 0 or given not in (0, 1) or by_id not in (0, 1):
             raise GlobalShuffleError(
                 f"rank {rank}: global_shuffle: rank {source} announced {count} records of "
-                f"{nbytes} bytes (seed flag {given}); expected counts and sizes >= 0",
+                f"{nbytes} bytes (seed flag {given}, by-id flag {by_id}); expected counts "
+                "and sizes >= 0 and flags 0 or 1",
                 rank=rank, peers=(source,),
             )
+    by_id = table[:, 4]
+    if (by_id != by_id[rank]).any():
+        others = tuple(int(r) for r in np.flatnonzero(by_id != by_id[rank]))
+        raise GlobalShuffleError(
+            f"rank {rank}: global_shuffle {'with' if by_id[rank] else 'without'} merge by "
+            f"line id here, {'without' if by_id[rank] else 'with'} it on rank(s) "
+            f"{', '.join(map(str, others))}; every rank needs the same merge_size / "
+            "_set_merge_by_lineid setting",
+            rank=rank, peers=others,
+        )
+
+
+def _exchange_owners(
+    comm: TimedCollectives, store: RecordStore, counts: np.ndarray
+) -> np.ndarray:
+    """The rank each record of every rank goes to (by its instance id), in
+    global index order: every rank sends its own to every rank, and each
+    peer's must be exactly one valid rank per record it announced."""
+    rank, world = comm.rank, comm.world
+    column = store.schema.index(INS_ID)
+    dtype = np.uint8 if world <= 256 else np.int32
+    mine = np.concatenate(
+        [ins_id_ranks(chunk.columns[column], world) for chunk in store.chunks]
+        or [np.empty(0, np.int64)]
+    ).astype(dtype)
+    size = mine.nbytes
+    send = np.tile(mine.view(np.uint8), world)
+    itemsize = np.dtype(dtype).itemsize
+    limits = [int(count) * itemsize for count in counts]
+    arrivals = dict(comm.exchange(send, [size] * world, "sending the records' ranks",
+                                  limits=limits))
+    owners = np.empty(int(counts.sum()), dtype=np.int64)
+    at = 0
+    for source, count in enumerate(counts.tolist()):
+        got = arrivals.get(source, np.empty(0, np.uint8))
+        values = got.view(dtype) if len(got) == count * itemsize else None
+        if values is None or (len(values) and int(values.max()) >= world) or (
+            len(values) and int(values.min()) < 0
+        ):
+            raise GlobalShuffleError(
+                f"rank {rank}: global_shuffle: rank {source} sent {len(got)} bytes of ranks "
+                f"for its {count} records; expected one rank below {world} per record "
+                f"({count * itemsize} bytes)",
+                rank=rank, peers=(source,),
+            )
+        owners[at : at + count] = values
+        at += count
+    return owners
+
+
+def _expected_by_owner(
+    owners: np.ndarray, counts: np.ndarray, rank: int, world: int, per_round: int, rounds: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """As ``_expected_arrivals``, when each record goes to ``owners[g]`` (its
+    instance id's rank) labelled by its global index ``g``."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    records = np.flatnonzero(owners == rank)
+    senders = np.searchsorted(starts, records, side="right") - 1
+    keys = (records - starts[senders]) // per_round * world + senders
+    order = np.argsort(keys, kind="stable")
+    bounds = np.searchsorted(keys[order], np.arange(rounds * world + 1))
+    return records[order], bounds
 
 
 def _expected_arrivals(
@@ -409,11 +513,14 @@ def _decode(
     rank: int,
     world: int,
     expected: np.ndarray,
+    by_id: bool = False,
 ) -> tuple[RecordChunk, np.ndarray]:
     """A payload from ``source`` as a chunk and its positions, checked before use.
 
-    ``expected``: the positions (ascending) this rank must get in it. Any
-    refusal is a ``GlobalShuffleError`` that names ``source`` (in ``peers``).
+    ``expected``: the positions (ascending) this rank must get in it; with
+    ``by_id``, the global indices, and every record's instance id must hash to
+    this rank. Any refusal is a ``GlobalShuffleError`` that names ``source``
+    (in ``peers``).
     """
     where = f"rank {rank}: global_shuffle payload from rank {source}"
 
@@ -436,7 +543,7 @@ def _decode(
             "every rank announced place them)"
         )
     positions = batch.column(len(schema)).to_numpy()
-    if (positions % world != rank).any():
+    if not by_id and (positions % world != rank).any():
         raise refuse("it holds records meant for other ranks")
     if not np.array_equal(np.sort(positions), expected):
         raise refuse(
@@ -449,6 +556,15 @@ def _decode(
         chunk = chunk_from_record_batch(schema, batch)
     except ValueError as error:
         raise refuse(str(error)) from None
+    if by_id:
+        owners = ins_id_ranks(chunk.columns[schema.index(INS_ID)], world)
+        if (owners != rank).any():
+            wrong = int(np.flatnonzero(owners != rank)[0])
+            raise refuse(
+                f"it holds records meant for other ranks: the instance id of its record "
+                f"{wrong} (position {int(positions[wrong])}) hashes to rank "
+                f"{int(owners[wrong])}"
+            )
     return chunk, positions
 
 

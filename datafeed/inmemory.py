@@ -271,8 +271,10 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         (see ``datafeed.global_shuffle``). Without a fleet of several workers
         and without a process group of several ranks, it is ``local_shuffle``.
         With merge by line id on (``_set_merge_by_lineid``, ``merge_size > 0``),
-        the records of one instance id are then merged, as in Paddle
-        (``datafeed.merge``; on one worker only).
+        each record goes instead to the worker its instance id hashes to
+        (``XXH64(ins_id) % workers``, as in Paddle: the counts are then not
+        balanced), and each worker merges the records of one instance id, as
+        in Paddle (``datafeed.merge``), with the shuffle's seed.
 
         Args:
             fleet: ``trainer.fleet`` (or any object with ``worker_num()``), or None.
@@ -290,22 +292,13 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         collectives.join_worker_group(fleet)
         world = collectives.distributed_world()
         workers = collectives.worker_num(fleet) if fleet is not None else world
+        by_id = bool(self._settings["merge_by_lineid"])
         if workers <= 1 and world <= 1:
             self.local_shuffle(seed=seed)
             self._shuffled_alone = True
-            if self._settings["merge_by_lineid"]:
-                self._merge_by_lineid()
+            if by_id:
+                self._merge_by_lineid(self._shuffles.last_seed)
             return
-        if self._settings["merge_by_lineid"]:
-            # Paddle sends the records of one id to one worker (a hash of the id);
-            # this global shuffle balances positions instead.
-            raise GlobalShuffleError(
-                f"global_shuffle: merge by line id (merge_size / _set_merge_by_lineid) "
-                f"among {workers} workers is not supported: the records of one instance id "
-                "would have to meet on one worker; merge on one worker, or group the "
-                "records of an id in the reader",
-                rank=0,
-            )
         if world != workers:
             raise GlobalShuffleError(
                 f"global_shuffle: the fleet has {workers} workers but the torch.distributed "
@@ -316,6 +309,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             )
         self._check_no_preload("global_shuffle")
         store = self._store or RecordStore(self._record_schema)
+        if by_id:  # before any collective: the peers would wait for this one
+            merge.check_ins_ids(store.schema)
         store_rows = store.rows
         if seed is None:  # else rank 0's fresh seed, shared by global_shuffle
             seed = self._shuffles.derived_seed(self._settings["seed"])
@@ -326,6 +321,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 seed,
                 send_batch_size=self._settings["fleet_send_batch_size"],
                 threads=max(1, min(thread_num, 16)),
+                route_by_ins_id=by_id,
             )
         except BaseException:
             # A failure before the first round (a peer gone at the start,
@@ -334,8 +330,11 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             raise
         self._shuffles.counter += 1
         self._shuffled_alone = False
-        self._note_shuffle(("global", seed, world), store_rows)
+        kind = state.GLOBAL_BY_INS_ID if by_id else "global"
+        self._note_shuffle((kind, seed, world), store_rows)
         release_free_memory()
+        if by_id:  # the records of each instance id are all on this worker now
+            self._merge_by_lineid(seed)
 
     def _merge_by_lineid(self, seed: int | None = None) -> None:
         """Merges the records of one instance id (datafeed/merge.py), as Paddle's
@@ -460,7 +459,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # Every entry was checked above: nothing is replayed from a refused state.
         for entry in state_dict["shuffles"]:
             store = self._require_store("load_state_dict")
-            if entry[0] == "global":
+            if entry[0] in ("global", state.GLOBAL_BY_INS_ID):
                 self._store = None  # the global shuffle consumes the store as it sends it
             self._store = state.replay_shuffle(
                 store,

@@ -29,7 +29,7 @@ import numpy as np
 
 from .columns import SlotColumn
 from .errors import SchemaError
-from .slots import INS_ID, Slot
+from .slots import INS_ID, Slot, SlotSchema
 from .store import RecordStore
 
 logger = logging.getLogger("datafeed")
@@ -82,6 +82,15 @@ def _text(ins_id: bytes) -> str:
     return bytes(ins_id).decode("utf-8", "replace")
 
 
+def check_ins_ids(schema: SlotSchema) -> None:
+    """Raises ``SchemaError`` unless records of ``schema`` carry their instance ids."""
+    if INS_ID not in schema.names:
+        raise SchemaError(
+            "merge by line id needs each record's instance id: set parse_ins_id=True "
+            "(lines then start with '1 <ins_id>') and load the files again"
+        )
+
+
 def merge_by_ins_id(
     store: RecordStore, merge_size: int, seed: int
 ) -> tuple[RecordStore, MergeCounts]:
@@ -96,11 +105,7 @@ def merge_by_ins_id(
         SchemaError: the records carry no instance ids.
     """
     schema = store.schema
-    if INS_ID not in schema.names:
-        raise SchemaError(
-            "merge by line id needs each record's instance id: set parse_ins_id=True "
-            "(lines then start with '1 <ins_id>') and load the files again"
-        )
+    check_ins_ids(schema)
     rows = store.rows
     if rows == 0:
         return store, MergeCounts(0, 0, 0, 0)

@@ -60,15 +60,23 @@ _QUEUE_KEYS = (
 )
 # Seeds a replayed shuffle accepts: numpy's generators take any int >= 0; the
 # global shuffle exchanges its seed as an int64.
-_SEED_LIMITS = {"local": 1 << 64, "slots": 1 << 64, "merge": 1 << 64, "global": 1 << 63}
+# A global shuffle that sent each record to the rank of its instance id (merge
+# by line id on; a "merge" entry follows it).
+GLOBAL_BY_INS_ID = "global_by_ins_id"
+_GLOBAL = ("global", GLOBAL_BY_INS_ID)
+_SEED_LIMITS = {
+    "local": 1 << 64, "slots": 1 << 64, "merge": 1 << 64, "global": 1 << 63,
+    GLOBAL_BY_INS_ID: 1 << 63,
+}
 _SHAPES = {
     "local": "['local', seed]",
     "global": "['global', seed, world size]",
+    GLOBAL_BY_INS_ID: f"['{GLOBAL_BY_INS_ID}', seed, world size]",
     "slots": "['slots', seed, [slot names]]",
     "merge": "['merge', seed, merge size]",
 }
 # Shuffles after which the records in memory are not those loaded.
-_RECOUNTING = ("global", "merge")
+_RECOUNTING = (*_GLOBAL, "merge")
 _WHERE = "load_state_dict()"
 _QUEUE_WHERE = "QueueDataset.load_state_dict()"
 
@@ -178,7 +186,7 @@ def _check_entry(index: int, entry: Any) -> None:
             f"{_WHERE}: shuffles[{index}]: expected the seed of {_SHAPES[kind]} an int from "
             f"0 to 2**{limit.bit_length() - 1}-1, found {_shown(seed)}"
         )
-    if kind == "global" and not (_is_int(last) and last >= 1):
+    if kind in _GLOBAL and not (_is_int(last) and last >= 1):
         raise StateError(
             f"{_WHERE}: shuffles[{index}]: expected the world size of {_SHAPES[kind]} an int "
             f">= 1, found {_shown(last)}"
@@ -262,7 +270,7 @@ def check_replay(entry: list[Any], schema: SlotSchema) -> None:
             records without their instance ids.
     """
     kind = entry[0]
-    if kind == "global":
+    if kind in _GLOBAL:
         world = entry[2]
         if collectives.distributed_world() != world:
             raise StateError(
@@ -305,9 +313,10 @@ def replay_shuffle(
         return shuffle.local_shuffle(store, seed, threads)
     if kind == "merge":  # merge by line id: ("merge", seed, merge_size)
         return merge.merge_by_ins_id(store, int(entry[2]), seed)[0]
-    if kind == "global":
+    if kind in _GLOBAL:
         shuffled, _ = global_shuffle.global_shuffle(
-            store, seed, send_batch_size=send_batch_size, threads=threads
+            store, seed, send_batch_size=send_batch_size, threads=threads,
+            route_by_ins_id=kind == GLOBAL_BY_INS_ID,
         )
         return shuffled
     names = {slot.name: i for i, slot in enumerate(store.schema)}

@@ -62,6 +62,63 @@ if scenario in ("peer_dies", "peer_stalls", "rank0_dies"):
     json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
     os._exit(0)
 
+if scenario == "merge":
+    from datafeed import Slot
+    from datafeed.hashing import ins_id_ranks
+
+    def merged(**settings):
+        ds = InMemoryDataset()
+        ds.init(batch_size=5, use_var=[Slot("label", "int64", (1,)), Slot("C1", "uint64"),
+                Slot("C2", "uint64"), Slot("dense", "float32", (2,))], **settings)
+        ds.update_settings(parse_ins_id=True, merge_size=2)
+        ds.set_filelist(files)
+        ds.load_into_memory()
+        return ds
+
+    def records(ds):
+        return [
+            [ins_id, int(b["label"][i, 0]), b["C1"][i].tolist(), b["C2"][i].tolist(),
+             b["dense"][i].tolist()]
+            for b in ds for i, ins_id in enumerate(b.ins_ids)
+        ]
+
+    ds = merged(fleet_send_batch_size=1)
+    result["before"] = ds.get_memory_data_size()
+    round_bytes, gs.ROUND_BYTES = gs.ROUND_BYTES, 1  # one record per peer per round
+    ds.global_shuffle(fleet, seed=5)
+    gs.ROUND_BYTES = round_bytes
+    result["records"] = records(ds)
+    result["total_after"] = ds.get_memory_data_size(fleet)
+    column = ds._store.chunks[0].columns[ds._store.schema.index("__ins_id__")]
+    result["owners"] = sorted(set(ins_id_ranks(column, fleet.worker_num()).tolist()))
+    big = merged()
+    big.global_shuffle(fleet, seed=5)
+    result["same_with_big_rounds"] = records(big) == result["records"]
+    first = merged(seed=9)
+    first.global_shuffle(fleet)
+    consumed = 0
+    for _ in first:
+        consumed += 1
+        break
+    state = first.state_dict()
+    result["shuffles"] = state["shuffles"]
+    rest = records(first)
+    again = merged(seed=9)
+    again.load_state_dict(state)
+    result["resumed"] = records(again) == rest[5 * consumed:]
+    # merge on one rank only: refused on every rank, before anything is sent.
+    mixed = merged()
+    if rank == 0:
+        mixed.update_settings(merge_size=0, merge_by_lineid=False)
+    try:
+        mixed.global_shuffle(fleet, seed=1)
+    except GlobalShuffleError as error:
+        result["mixed_error"] = str(error)
+    result["kept_after_mixed"] = mixed.get_memory_data_size()
+    fleet.stop_worker()
+    json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
+    os._exit(0)
+
 ds = load(fleet_send_batch_size=3)  # many small rounds
 result["before"] = ds.get_memory_data_size()
 result["total_before"] = ds.get_memory_data_size(fleet)
@@ -161,7 +218,7 @@ def _run_job(
     for rank in range(world):
         path = tmp_path / f"rank{rank}.json"
         dead = 0 if scenario == "rank0_dies" else world - 1
-        if scenario != "main" and rank == dead:
+        if scenario in ("peer_dies", "peer_stalls", "rank0_dies") and rank == dead:
             results.append({})
             continue
         assert path.exists(), f"rank {rank} wrote no result:\n" + "\n".join(outputs)
@@ -225,6 +282,69 @@ def test_global_shuffle_across_processes(tmp_path: Path, sizes: list[int]) -> No
     assert [r["unequal_batches"] for r in results] == [-(-n // 4) for n in sizes]
     fewest = min(-(-n // 4) for n in sizes)
     assert [r["equal_batches"] for r in results] == [fewest] * world
+
+
+def _merge_files(tmp_path: Path, world: int) -> tuple[list[list[str]], dict[str, list]]:
+    """Paddle lines with instance ids (``1 <id>`` first) whose halves lie on
+    different ranks, and the records a merge with merge_size=2 makes of them."""
+    lines: list[list[str]] = [[] for _ in range(world)]
+
+    def put(rank: int, ins_id: str, label: int, c1: int, c2: int, dense: tuple) -> None:
+        lines[rank % world].append(
+            f"1 {ins_id} 1 {label} 1 {c1} 1 {c2} 2 {dense[0]} {dense[1]}\n"
+        )
+
+    expected = {}
+    for k in range(12):
+        put(k, f"u{k}", 1, 100 + k, 0, (0, 0))  # the join side
+        put(k + 1, f"u{k}", 0, 0, 200 + k, (k, 1))  # the update side, on the next rank
+        expected[f"u{k}"] = [f"u{k}", 1, [100 + k], [200 + k], [float(k), 1.0]]
+    for k in range(3):
+        put(k, f"single{k}", 1, 1, 0, (0, 0))  # alone: dropped (merge_size=2)
+    put(0, "conflict", 1, 7, 0, (0, 0))
+    put(1, "conflict", 0, 8, 0, (0, 0))  # C1 in both records: dropped
+    for k in range(3):
+        put(k, "triple", 0, 0, 0, (0, 0))  # three records: dropped
+    files = []
+    for rank, text in enumerate(lines):
+        path = tmp_path / f"merge-{rank}.txt"
+        path.write_text("".join(text))
+        files.append([str(path)])
+    return files, expected
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [2, 3])
+def test_merge_by_lineid_across_processes(tmp_path: Path, world: int) -> None:
+    files, expected = _merge_files(tmp_path, world)
+    results = _run_job(tmp_path, world, "merge", files)
+    # 32 records, 12 instance ids in two halves on two ranks: 12 merged records,
+    # each on one rank only, the rank its id hashes to (XXH64 % world).
+    merged = [record for r in results for record in r["records"]]
+    assert sorted(r[0] for r in merged) == sorted(expected)
+    assert {r[0]: r for r in merged} == expected
+    assert sum(r["before"] for r in results) == 32
+    assert all(r["total_after"] == 12 for r in results)
+    for rank, result in enumerate(results):
+        assert result["owners"] in ([rank], []), result["owners"]
+        assert result["same_with_big_rounds"]
+        assert result["resumed"]
+        assert [entry[0] for entry in result["shuffles"]] == ["global_by_ins_id", "merge"]
+        assert "every rank needs the same merge_size" in result["mixed_error"]
+        assert result["kept_after_mixed"] == result["before"]
+    # What one worker makes of all the lines: the same records.
+    alone = InMemoryDataset()
+    from datafeed import Slot
+
+    alone.init(batch_size=50, use_var=[Slot("label", "int64", (1,)), Slot("C1", "uint64"),
+               Slot("C2", "uint64"), Slot("dense", "float32", (2,))])
+    alone.update_settings(parse_ins_id=True, merge_size=2)
+    alone.set_filelist([f for rank_files in files for f in rank_files])
+    alone.load_into_memory()
+    alone.global_shuffle(seed=5)
+    (batch,) = list(alone)
+    assert sorted(batch.ins_ids) == sorted(expected)
 
 
 @pytest.mark.slow

@@ -177,9 +177,10 @@ def payload_for(attack, due):
 comm = TimedCollectives(dist, torch, None, 20.0, None)
 for attack in attacks:
     announced = torch.tensor(
-        [-5 if attack == "negative_count" else ATTACKER_RECORDS, SEED, 1, 2000], dtype=torch.int64
+        [-5 if attack == "negative_count" else ATTACKER_RECORDS, SEED, 1, 2000, 0],
+        dtype=torch.int64,
     )
-    counts = [torch.empty(4, dtype=torch.int64) for _ in range(2)]
+    counts = [torch.empty(5, dtype=torch.int64) for _ in range(2)]
     dist.all_gather(counts, announced)
     if attack == "negative_count":
         continue  # rank 0 gives up after the counts
