@@ -200,10 +200,99 @@ sys.exit(0)
 """
 
 
-def _run(tmp_path: Path, attacks: list[str], timeout: float = 120.0) -> tuple[dict, list[int], str]:
+# With merge by line id: rank 1 lies about where its records go (by instance id).
+BY_ID_ATTACKS = {
+    "owner_out_of_range": "expected one rank below 2 per record",
+    "owners_short": "rank 1 sent 5 bytes of ranks for its 6 records",
+    "ids_for_another_rank": "its record 0 (position 12) hashes to rank 1",
+}
+
+BY_ID_JOB = r"""
+import datetime, json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[2], "tests"))
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+from support import SMALL_SCHEMA
+from datafeed import InMemoryDataset
+from datafeed import global_shuffle as gs
+from datafeed.collectives import TimedCollectives
+from datafeed.errors import GlobalShuffleError
+
+out, attacks = sys.argv[1], json.loads(sys.argv[3])
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+
+def load(name):
+    ds = InMemoryDataset()
+    ds.init(batch_size=4, use_var=SMALL_SCHEMA)
+    ds.update_settings(parse_ins_id=True, merge_size=2)
+    ds.set_filelist([os.path.join(out, name)])
+    ds.load_into_memory()
+    return ds
+
+if rank == 0:
+    outcome = {}
+    for attack in attacks:
+        try:
+            load("honest.txt").global_shuffle(seed=7)
+            outcome[attack] = {"accepted": True}
+        except GlobalShuffleError as error:
+            outcome[attack] = {"error": str(error), "peers": list(error.peers)}
+        except Exception as error:
+            outcome[attack] = {"other": f"{type(error).__name__}: {error}"}
+    json.dump(outcome, open(os.path.join(out, "rank0.json"), "w"))
+    sys.exit(0)
+
+comm = TimedCollectives(dist, torch, None, 20.0, None)
+for attack in attacks:
+    store = load("attacker.txt")._store  # 6 records whose ids hash to rank 1
+    announced = torch.tensor([store.rows, 7, 1, store.nbytes, 1], dtype=torch.int64)
+    table = [torch.empty(5, dtype=torch.int64) for _ in range(2)]
+    dist.all_gather(table, announced)
+    honest = int(table[0][0])
+    owners = np.zeros(store.rows, np.uint8)  # "all of them go to rank 0"
+    if attack == "owner_out_of_range":
+        owners[3] = 7
+    elif attack == "owners_short":
+        owners = owners[:-1]
+    comm.exchange(np.tile(owners, 2), [len(owners)] * 2, "owners")
+    if attack != "ids_for_another_rank":
+        continue  # rank 0 refuses the owners
+    chunk = store.chunks[0]
+    batch = gs._wire_batch(store.schema, chunk, np.arange(honest, honest + store.rows))
+    sink = pa.BufferOutputStream()
+    gs._write_stream(sink, batch)
+    payload = np.frombuffer(sink.getvalue().to_pybytes(), np.uint8)
+    comm.exchange(payload, [len(payload), 0], "records")
+dist.destroy_process_group()
+sys.exit(0)
+"""
+
+
+def _ins_id_lines(prefix: str, count: int, rank: int, world: int = 2) -> str:
+    """``count`` lines of the small schema with instance ids that hash to ``rank``."""
+    import numpy as np
+
+    from datafeed.hashing import xxh64
+
+    candidates = [f"{prefix}{i}".encode() for i in range(64 * count)]
+    data = np.frombuffer(b"".join(candidates), np.uint8)
+    owners = xxh64(data, np.cumsum([0] + [len(c) for c in candidates])) % np.uint64(world)
+    chosen = [c.decode() for c, o in zip(candidates, owners.tolist(), strict=True) if o == rank]
+    return "".join(f"1 {ins_id} {small_line(i)}" for i, ins_id in enumerate(chosen[:count]))
+
+
+def _run(tmp_path: Path, attacks: list[str], timeout: float = 120.0,
+         by_id: bool = False) -> tuple[dict, list[int], str]:
     script = tmp_path / "job.py"
-    script.write_text(JOB)
-    (tmp_path / "honest.txt").write_text("".join(small_line(i) for i in range(HONEST_RECORDS)))
+    script.write_text(BY_ID_JOB if by_id else JOB)
+    (tmp_path / "honest.txt").write_text(
+        _ins_id_lines("h", HONEST_RECORDS, 0) if by_id
+        else "".join(small_line(i) for i in range(HONEST_RECORDS))
+    )
+    (tmp_path / "attacker.txt").write_text(_ins_id_lines("a", 6, 1))
     with reserved_ports(1) as (port,):
         procs = []
         for rank in range(2):
@@ -238,6 +327,18 @@ def test_a_hostile_peer_is_refused_and_named(tmp_path: Path) -> None:
     outcome, returncodes, log = _run(tmp_path, list(ATTACKS))
     assert returncodes == [0, 0], log  # rank 0 survived every attack (no SIGSEGV: -11)
     for attack, says in ATTACKS.items():
+        result = outcome[attack]
+        assert "error" in result, f"{attack}: {result}"
+        assert result["peers"] == [1], f"{attack}: {result}"
+        assert "rank 1" in result["error"] and says in result["error"], f"{attack}: {result}"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_peer_lying_about_instance_id_routing_is_refused(tmp_path: Path) -> None:
+    outcome, returncodes, log = _run(tmp_path, list(BY_ID_ATTACKS), by_id=True)
+    assert returncodes == [0, 0], log
+    for attack, says in BY_ID_ATTACKS.items():
         result = outcome[attack]
         assert "error" in result, f"{attack}: {result}"
         assert result["peers"] == [1], f"{attack}: {result}"
