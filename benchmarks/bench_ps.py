@@ -216,20 +216,24 @@ JOB_KEY = "bench-ps-job-key-0123456789abcdef"
 
 
 def run_job(
-    mode: str, args: argparse.Namespace, files: list[Path], tmp: Path, key: str | None = JOB_KEY
+    mode: str, args: argparse.Namespace, files: list[Path], tmp: Path,
+    key: str | None = JOB_KEY, servers: int = 1,
 ) -> list[dict]:
-    """One fleetfeed job (1 server + 2 workers of this script); the workers' results.
-    ``key``: the job key (None: the transport's unauthenticated NULL mechanism)."""
+    """One fleetfeed job (``servers`` servers + 2 workers of this script); the
+    workers' results. ``key``: the job key (None: the transport's
+    unauthenticated NULL mechanism)."""
     config = {
         "key": key,
         "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
-        "servers": [f"127.0.0.1:{free_port()}"], "files": [str(f) for f in files],
+        "servers": [f"127.0.0.1:{free_port()}" for _ in range(servers)],
+        "files": [str(f) for f in files],
         "epochs": args.epochs, "batch_size": args.batch_size, "dim": args.dim, "lr": args.lr,
         "dense_lr": args.dense_lr, "out": str(tmp / f"{mode}.result"),
         "profile": f"{args.profile}.{mode}" if args.profile else "",
     }
     commands = []
-    for role, index in (("server", 0), ("worker", 0), ("worker", 1)):
+    roles = [("server", i) for i in range(servers)] + [("worker", 0), ("worker", 1)]
+    for role, index in roles:
         # --profile: py-spy samples the server (its handlers run on the
         # transport's threads, out of cProfile's reach).
         spy = ["py-spy", "record", "-r", "250", "--nonblocking", "-f", "raw",
@@ -237,7 +241,7 @@ def run_job(
         commands.append((f"{mode}.{role}{index}", (spy if args.profile and role == "server" else [])
                          + [sys.executable, __file__, "--job",
                             json.dumps({**config, "role": role, "index": index})]))
-    run_processes(commands, tmp, server_stops_itself=True)
+    run_processes(commands, tmp, server_stops_itself=True, servers=servers)
     return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
 
 
@@ -265,10 +269,11 @@ def run_paddle_job(mode: str, args: argparse.Namespace, files: list[Path], vocab
 
 
 def run_processes(
-    commands: list[tuple[str, list[str]]], tmp: Path, server_stops_itself: bool
+    commands: list[tuple[str, list[str]]], tmp: Path, server_stops_itself: bool,
+    servers: int = 1,
 ) -> None:
-    """Runs a job's processes (the server first) until the workers end, then
-    stops the server if it does not stop by itself (Paddle's). Raises
+    """Runs a job's processes (the ``servers`` servers first) until the workers
+    end, then stops the servers if they do not stop by themselves (Paddle's). Raises
     RuntimeError with every log's tail when a process fails or the job
     exceeds BENCH_PS_TIMEOUT; every process is gone on return."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -279,7 +284,7 @@ def run_processes(
                 # cwd: Paddle's train_from_dataset writes <id>_train_desc.prototxt there.
                 procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                               env=env, cwd=tmp))
-        server, workers = procs[0], procs[1:]
+        server_procs, workers = procs[:servers], procs[servers:]
         deadline = time.monotonic() + JOB_TIMEOUT
         failed = ""
         while True:
@@ -292,7 +297,8 @@ def run_processes(
                 )
                 break
             workers_done = all(w.poll() == 0 for w in workers)
-            if workers_done and (not server_stops_itself or server.poll() == 0):
+            servers_done = all(p.poll() == 0 for p in server_procs)
+            if workers_done and (not server_stops_itself or servers_done):
                 break
             if time.monotonic() > deadline:
                 failed = f"the job did not end within {JOB_TIMEOUT}s (BENCH_PS_TIMEOUT)"

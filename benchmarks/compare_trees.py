@@ -159,11 +159,17 @@ def global_shuffle(records: int) -> Benchmark:
 def parameter_server(records: int) -> Benchmark:
     def extract(stdout: str) -> dict[str, float]:
         rows = table_rows(stdout)
-        return {"PS async": number(rows["async"][0]), "PS GEO": number(rows["geo (k=20)"][0])}
+        # Columns: records/s per worker, pull ms, push ms, worker CPU ms per batch, ...
+        return {
+            "PS async": number(rows["async"][0]), "PS GEO": number(rows["geo (k=20)"][0]),
+            "PS async CPU": number(rows["async"][3]), "PS GEO CPU": number(rows["geo (k=20)"][3]),
+        }
 
     return Benchmark(
         "parameter server, 1 server + 2 workers (benchmarks/bench_ps.py)",
-        [Figure("PS async", "records/s/worker", True), Figure("PS GEO", "records/s/worker", True)],
+        [Figure("PS async", "records/s/worker", True), Figure("PS GEO", "records/s/worker", True),
+         Figure("PS async CPU", "worker CPU ms/batch", False),
+         Figure("PS GEO CPU", "worker CPU ms/batch", False)],
         lambda tree: [
             str(tree / "benchmarks" / "bench_ps.py"), "--no-write", "--repeats", "1",
             "--modes", "async", "geo", "--records", str(records),
