@@ -16,14 +16,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from .job import restart
 from .job.errors import TrainerError
 from .job.role import ClusterRole
 from .job.strategy import DistributedStrategy
@@ -42,6 +41,7 @@ __all__ = [
     "is_first_worker",
     "is_server",
     "is_worker",
+    "load_dataset_state",
     "load_persistables",
     "run_server",
     "save_persistables",
@@ -366,30 +366,36 @@ class Fleet:
         written by the first worker only.
 
         With ``dataset`` (an InMemoryDataset or QueueDataset), one call
-        checkpoints the whole job: every worker must then make it; their
-        datasets' ``state_dict()`` are gathered to the first worker, which writes
-        them to ``dirname/dataset_state.json`` beside the model, and no worker
-        returns before the checkpoint is complete. ``load_persistables`` with a
-        dataset resumes each worker where it was.
+        checkpoints the whole job: every worker must then make it; each first
+        sends what it has not sent to the servers (GEO: its pending deltas),
+        their datasets' ``state_dict()`` are gathered to the first worker, which
+        writes them to ``dirname/dataset_state.json`` inside the same atomic
+        checkpoint as the model, and no worker returns before the checkpoint is
+        complete. ``load_persistables`` / ``load_dataset_state`` with a dataset
+        resume each worker where it was. Under ``fleetrun --max_restarts`` the
+        first worker then records ``dirname`` as the checkpoint a restart resumes
+        from (docs/restarts.md).
 
         ``kwargs`` takes Paddle's ``executor``/``main_program``/``mode`` and ignores them.
         """
         _ignore_paddle_kwargs("save_persistables", kwargs)
-        states = None
+        extra = {}
         if dataset is not None:
+            if self._ps_mode:  # the checkpoint holds every update of the batches counted
+                self._get_runtime().training.flush()
             states = self._gather_dataset_states(dataset)
+            extra[DATASET_STATE_FILE] = json.dumps({"workers": states}).encode()
         if self._ps_mode or (self._runtime is not None and model is None):
             if dataset is None or self.is_first_worker():
-                self._get_runtime().save_persistables(dirname)
+                self._get_runtime().save_persistables(dirname, extra)
         elif self.is_first_worker():
             os.makedirs(dirname, exist_ok=True)
             _local_persistables("save", dirname, self._target_model(model))
-        if states is not None:
-            if self.is_first_worker():
-                _write_atomically(
-                    os.path.join(dirname, DATASET_STATE_FILE),
-                    json.dumps({"workers": states}).encode(),
-                )
+            for name, data in extra.items():
+                restart.write_atomically(os.path.join(dirname, name), data)
+        if self.is_first_worker():
+            restart.record_checkpoint(dirname, dataset=dataset is not None)
+        if dataset is not None:
             self.barrier_worker()  # nobody goes on with a half-written checkpoint
 
     def load_persistables(
@@ -397,27 +403,44 @@ class Fleet:
     ) -> None:
         """Loads what ``save_persistables`` wrote (PS mode: through the runtime).
 
-        With ``dataset`` (loaded with the same files, not yet shuffled), also
-        this worker's dataset position from ``dirname/dataset_state.json``;
-        every worker must then make the call (a global shuffle is replayed
-        among them).
-
-        Raises:
-            FileNotFoundError: ``dirname`` holds no dataset state.
-            ValueError: the dataset state was saved by another number of workers,
-                or does not fit the dataset.
+        With ``dataset``, also this worker's dataset position (see
+        ``load_dataset_state``, which says what it raises); every worker must
+        then make the call.
         """
         _ignore_paddle_kwargs("load_persistables", kwargs)
         if self._ps_mode or (self._runtime is not None and model is None):
             self._get_runtime().load_persistables(dirname)
         else:
             _local_persistables("load", dirname, self._target_model(model))
-        if dataset is None:
-            return
+        if dataset is not None:
+            self.load_dataset_state(dataset, dirname)
+
+    def load_dataset_state(self, dataset: Any, dirname: str | None = None) -> bool:
+        """Puts ``dataset`` (loaded with the same files, not yet shuffled) where
+        this worker's was when ``save_persistables(dirname, dataset=...)`` ran:
+        its next pass trains only the records it had not trained then. Every
+        worker must make the call (a global shuffle is replayed among them).
+
+        Args:
+            dirname: the checkpoint; None: the one fleetrun restarts the job
+                from (``FLEETFEED_RESUME_DIR``), if any.
+
+        Returns:
+            Whether a position was loaded (False: ``dirname`` is None and the
+            job is not a restart; ``dataset`` is left as it was).
+
+        Raises:
+            FileNotFoundError: ``dirname`` holds no dataset state.
+            ValueError: the dataset state was saved by another number of workers,
+                or does not fit the dataset.
+        """
+        dirname = dirname if dirname is not None else restart.resume_dir()
+        if dirname is None:
+            return False
         path = os.path.join(dirname, DATASET_STATE_FILE)
         if not os.path.exists(path):
             raise FileNotFoundError(
-                f"load_persistables(dataset=...): {path} does not exist; the checkpoint "
+                f"worker {self.worker_index()}: {path} does not exist; the checkpoint "
                 "was saved without a dataset"
             )
         from datafeed.state import read_worker_states
@@ -425,11 +448,12 @@ class Fleet:
         states = read_worker_states(path)
         if len(states) != self.worker_num():
             raise ValueError(
-                f"load_persistables: {path} holds the dataset states of {len(states)} "
-                f"workers, this job has {self.worker_num()}"
+                f"worker {self.worker_index()}: {path} holds the dataset states of "
+                f"{len(states)} workers, this job has {self.worker_num()}"
             )
         self.worker_group()  # a replayed global shuffle runs among the workers
         dataset.load_state_dict(states[self.worker_index()])
+        return True
 
     def _gather_dataset_states(self, dataset: Any) -> list[dict[str, Any]]:
         """Every worker's ``dataset.state_dict()``, in worker order (JSON on the wire)."""
@@ -518,19 +542,6 @@ def _ps_available() -> bool:
     return True
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    """Writes ``path`` under a temporary name first: a crash never leaves half a file."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-
-
 def _local_persistables(action: str, dirname: str, model: Any) -> None:
     import io
 
@@ -545,7 +556,7 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
     if action == "save":
         buffer = io.BytesIO()
         torch.save(model.state_dict(), buffer)
-        _write_atomically(path, buffer.getvalue())
+        restart.write_atomically(path, buffer.getvalue())
     else:
         if not os.path.exists(path):
             raise FileNotFoundError(f"load_persistables: {path} does not exist")
@@ -582,4 +593,5 @@ distributed_optimizer = _FLEET.distributed_optimizer
 distributed_model = _FLEET.distributed_model
 save_persistables = _FLEET.save_persistables
 load_persistables = _FLEET.load_persistables
+load_dataset_state = _FLEET.load_dataset_state
 worker_group = _FLEET.worker_group

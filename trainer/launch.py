@@ -19,6 +19,13 @@ or in a session of its own (a dataset's pipe commands): its whole process tree.
 Each process gets ``OMP_NUM_THREADS=1`` unless the environment sets it (the
 processes share the machine's cores).
 
+With ``--max_restarts K`` a failed job is started again, whole, up to K times:
+every process is stopped, then started again with the same endpoints and job
+key, ``FLEETFEED_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``) set to the
+attempt's number and ``FLEETFEED_RESUME_DIR`` to the last checkpoint the first
+worker completed with ``fleet.save_persistables`` (``trainer.job.restart``;
+docs/restarts.md).
+
 Collective mode (``--nproc_per_node``, ``--nnodes``, ...) starts the job through
 ``torch.distributed.run`` (torchrun) with a fixed rendezvous on this machine,
 its store listening on ``--master_addr`` only (``trainer.job.bind``).
@@ -39,13 +46,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, NoReturn
 
-from .job import keys
+from .job import hosts, keys, restart
+from .job.errors import CheckpointError
 
 __all__ = ["main"]
 
 LOG_TAIL_LINES = 20
 STOP_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.1
+_SIGNALS_WHILE_STOPPING: list[int] = []  # signals that came while a job was being stopped
 
 
 class _Interrupted(Exception):
@@ -78,8 +87,14 @@ def _parser() -> argparse.ArgumentParser:
                     help="workers (trainers)")
     ps.add_argument("--servers", default="", help="server endpoints 'ip:port,ip:port'")
     ps.add_argument("--workers", default="", help="worker endpoints 'ip:port,...' (or ips)")
+    ps.add_argument("--host", default="",
+                    help="this host's address: start the endpoints on it (default: POD_IP "
+                         "if an endpoint has it, else those on this machine's addresses)")
     ps.add_argument("--start_timeout", type=float, default=60.0,
                     help="seconds to wait for the servers' ports (default 60)")
+    ps.add_argument("--max_restarts", type=int, default=0,
+                    help="restart the whole job up to this many times after a failure, "
+                         "from its last checkpoint (default 0: a failure ends the job)")
     coll = parser.add_argument_group("collective mode (torch.distributed.run)")
     coll.add_argument("--nproc_per_node", type=int, help="processes on this machine")
     coll.add_argument("--nnodes", default="1", help="machines in the job (default 1)")
@@ -102,8 +117,13 @@ def _endpoints(parser: argparse.ArgumentParser, option: str, text: str) -> list[
     endpoints = []
     for item in (part.strip() for part in text.split(",") if part.strip()):
         host, sep, port = item.rpartition(":")
-        if not sep:  # an ip alone: a free port on it
-            endpoints.append(f"{item}:{_free_port()}")
+        if not sep and not hosts.is_this_host(item):
+            parser.error(
+                f"{option}: {item!r} is not on this machine: give its port ('ip:port'), the "
+                "same on every host's fleetrun"
+            )
+        elif not sep:  # an ip alone: a free port on it
+            endpoints.append(f"{item}:{_free_port(item)}")
         elif host and port.isdigit() and 0 < int(port) < 65536:
             endpoints.append(item)
         else:
@@ -140,7 +160,42 @@ def _ps_endpoints(
             workers = [f"127.0.0.1:{_free_port()}" for _ in range(args.worker_num)]
     if not workers:
         parser.error("a parameter-server job needs --worker_num or --workers")
+    args.host = _pick_host(parser, args.host, servers + workers)
     return servers, workers
+
+
+def _host_of(endpoint: str) -> str:
+    return endpoint.rpartition(":")[0]
+
+
+def _pick_host(parser: argparse.ArgumentParser, host: str, endpoints: list[str]) -> str:
+    """This host's address as the job names it: ``--host``, else ``POD_IP`` when
+    an endpoint is on it (Paddle's launchers set it), else "" (the endpoints on
+    any of this machine's addresses). Some endpoint must be on this host."""
+    pod_ip = os.environ.get("POD_IP", "").strip()
+    if not host and pod_ip and any(_same_host(_host_of(e), pod_ip) for e in endpoints):
+        host = pod_ip
+    if host and not any(_same_host(_host_of(e), host) for e in endpoints):
+        parser.error(f"--host {host}: none of the endpoints {','.join(endpoints)} is on it")
+    if not host and not any(hosts.is_this_host(_host_of(e)) for e in endpoints):
+        parser.error(
+            f"none of the endpoints {','.join(endpoints)} is on this machine (its addresses: "
+            f"{', '.join(sorted(hosts.local_addresses()))}): give this host's with --host"
+        )
+    return host
+
+
+def _same_host(a: str, b: str) -> bool:
+    return a == b or bool(hosts.addresses_of(a) & hosts.addresses_of(b))
+
+
+def _on_this_host(args: argparse.Namespace, endpoints: list[str]) -> list[int]:
+    """The indices of the endpoints this fleetrun starts: those on ``--host`` (or
+    ``POD_IP``, ``_pick_host``), else those on this machine's addresses."""
+    if args.host:
+        return [i for i, e in enumerate(endpoints) if _same_host(_host_of(e), args.host)]
+    local = hosts.local_addresses()
+    return [i for i, e in enumerate(endpoints) if hosts.is_this_host(_host_of(e), local)]
 
 
 # -- process management --------------------------------------------------------------
@@ -223,12 +278,26 @@ def _stop_all(children: Sequence[_Child]) -> None:
     """Stops every child's whole process tree (``_stop_trees``): SIGTERM, then
     SIGKILL what is left after a grace period."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+        # A second Ctrl-C must not cut this short; it is acted on afterwards.
+        signal.signal(signum, _note_signal_while_stopping)
     try:
         _stop_trees([child.process for child in children], STOP_GRACE_SECONDS)
     finally:
         for child in children:
             child.log.close()
+
+
+def _note_signal_while_stopping(signum: int, _frame: object) -> None:
+    _SIGNALS_WHILE_STOPPING.append(signum)
+
+
+def _raise_signal_received_while_stopping() -> None:
+    """Before a restart: puts back the handlers ``_stop_all`` replaced, and
+    raises ``_Interrupted`` for a SIGINT/SIGTERM that came while stopping."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupted)
+    if _SIGNALS_WHILE_STOPPING:
+        raise _Interrupted(_SIGNALS_WHILE_STOPPING.pop())
 
 
 def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -314,17 +383,57 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
     # set_num_threads(1) taken out: 2-6k records/s per worker without, 17-133k
     # with). torchrun does the same for several processes per node.
     common.setdefault("OMP_NUM_THREADS", "1")
+    if args.max_restarts and _remote_endpoints(servers + workers):
+        raise SystemExit(
+            f"fleetrun: --max_restarts restarts the processes this fleetrun started; the "
+            f"{_remote_endpoints(servers + workers)} are on other hosts, whose processes "
+            "it cannot restart (restarts are for jobs on one host)"
+        )
+    record = os.path.abspath(os.path.join(args.log_dir, restart.RECORD_FILE))
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(record)  # an earlier job's: never resume from it
+    resume = None
+    for attempt in range(args.max_restarts + 1):
+        env = dict(common, **restart.attempt_env(attempt, args.max_restarts, record, resume))
+        status = _run_ps_attempt(args, servers, workers, command, env)
+        if status == 0 or attempt == args.max_restarts:
+            return status
+        _raise_signal_received_while_stopping()
+        try:
+            last = restart.read_record(record)
+        except CheckpointError as error:
+            print(f"fleetrun: not restarting: {error}", file=sys.stderr, flush=True)
+            return status
+        resume = last["checkpoint"] if last else None
+        origin = f"from the checkpoint {resume}" if resume else "from the beginning (no checkpoint)"
+        print(
+            f"fleetrun: restart {attempt + 1} of {args.max_restarts}: starting every process "
+            f"again, {origin}",
+            file=sys.stderr, flush=True,
+        )
+    return status
+
+
+def _run_ps_attempt(
+    args: argparse.Namespace, servers: list[str], workers: list[str], command: list[str],
+    common: dict[str, str],
+) -> int:
+    """Runs every process of the job once; returns the job's status after
+    stopping every one of them."""
+    own_servers, own_workers = _on_this_host(args, servers), _on_this_host(args, workers)
     children: list[_Child] = []
     try:
-        for index, endpoint in enumerate(servers):
-            ip, _, port = endpoint.rpartition(":")
+        for index in own_servers:
+            ip, _, port = servers[index].rpartition(":")
             env = dict(common, TRAINING_ROLE="PSERVER", POD_IP=ip, PADDLE_PORT=port)
             log_path = os.path.join(args.log_dir, f"serverlog.{index}")
             children.append(_start(f"server {index}", command, env, log_path))
-        print(f"fleetrun: started {len(servers)} servers at {','.join(servers)}", flush=True)
+        mine = [servers[index] for index in own_servers]
+        print(f"fleetrun: started {len(mine)} servers at {','.join(mine)}", flush=True)
 
+        # Only this host's servers: the workers wait (bounded) for the others'.
         deadline = time.monotonic() + args.start_timeout
-        waiting = list(zip(servers, children, strict=True))
+        waiting = list(zip(mine, children, strict=True))
         while waiting:
             for child in children:
                 if child.process.poll() is not None:
@@ -338,15 +447,18 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
             if waiting:
                 time.sleep(POLL_SECONDS)
 
-        for index, endpoint in enumerate(workers):
-            ip, _, port = endpoint.rpartition(":")
+        for index in own_workers:
+            ip, _, port = workers[index].rpartition(":")
             env = dict(common, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(index),
                        POD_IP=ip, PADDLE_PORT=port)
             log_path = os.path.join(args.log_dir, f"workerlog.{index}")
             children.append(_start(f"worker {index}", command, env, log_path))
-        print(f"fleetrun: started {len(workers)} workers; logs in {args.log_dir}/", flush=True)
+        print(f"fleetrun: started {len(own_workers)} workers; logs in {args.log_dir}/", flush=True)
 
-        worker_children = children[len(servers):]
+        worker_children = children[len(own_servers):]
+        # A host with servers only: its servers end the job, once every worker
+        # (on the other hosts) has called stop_worker().
+        finishers = worker_children or children
         while True:
             for child in children:
                 returncode = child.process.poll()
@@ -361,7 +473,7 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
                     what += " before the workers finished"
                 _fail(child, what)
                 return returncode if 0 < returncode < 256 else 1
-            if all(child.process.poll() == 0 for child in worker_children):
+            if all(child.process.poll() == 0 for child in finishers):
                 print("fleetrun: all workers exited, stopping the servers", flush=True)
                 return 0
             time.sleep(POLL_SECONDS)
@@ -372,6 +484,11 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
 def _run_collective(args: argparse.Namespace) -> int:
     if args.nproc_per_node < 1:
         raise SystemExit(f"fleetrun: --nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    if str(args.nnodes) != "1" and not args.master_port:
+        raise SystemExit(
+            f"fleetrun: --nnodes={args.nnodes} needs --master_port, the same on every host "
+            f"(a free port is only known on {args.master_addr})"
+        )
     port = args.master_port or _free_port(args.master_addr)
     command = [
         # torch.distributed.run, with its store listening on --master_addr only
@@ -407,6 +524,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ps_mode = any(
         value for value in (args.server_num, args.worker_num, args.servers, args.workers)
     )
+    if args.max_restarts < 0:
+        parser.error(f"--max_restarts must be >= 0, got {args.max_restarts}")
+    if args.max_restarts and not ps_mode:
+        parser.error(
+            "--max_restarts is for parameter-server jobs; a collective job restarts with "
+            "torchrun's own --max-restarts"
+        )
     if ps_mode and args.nproc_per_node is not None:
         parser.error("give either parameter-server options or --nproc_per_node, not both")
     if not ps_mode and args.nproc_per_node is None:
@@ -414,6 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "give --server_num/--worker_num (parameter-server job) or --nproc_per_node "
             "(collective job)"
         )
+    _SIGNALS_WHILE_STOPPING.clear()
     previous = {
         signum: signal.signal(signum, _raise_interrupted)
         for signum in (signal.SIGINT, signal.SIGTERM)

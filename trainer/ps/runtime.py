@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..job import restart
 from ..job.errors import TrainerError
 from ..job.keys import require_key_or_insecure
 from ..job.role import ClusterRole
@@ -115,7 +116,9 @@ class ParameterServerRuntime:
 
     def init_server(self, model_dir: str | None = None) -> None:
         """Builds this server's shard of the tables and its dense parameters;
-        loads ``model_dir`` (a checkpoint) when given."""
+        loads ``model_dir`` (a checkpoint) when given. A job that fleetrun
+        restarted (``FLEETFEED_RESUME_DIR``) loads its last checkpoint instead,
+        which is newer than any ``model_dir`` the job started from."""
         if self.local:
             log.info("init_server() does nothing in a non-distributed job")
             return
@@ -128,6 +131,13 @@ class ParameterServerRuntime:
             self.role.index, self.role.server_num, self.role.worker_num, self.mode,
             tables, self.params, dense_optimizer,
         )
+        resume = restart.resume_dir()
+        if resume:
+            log.info(
+                "parameter server %d: restart %d resumes from %s", self.role.index,
+                restart.restart_count(), resume,
+            )
+            model_dir = resume
         if model_dir:
             self.server.load(model_dir)
 
@@ -209,6 +219,12 @@ class ParameterServerRuntime:
         log.info(
             "worker %d connected to %d servers (%s mode)", role.index, role.server_num, self.mode
         )
+        if restart.resume_dir():
+            log.info(
+                "worker %d: restart %d, the servers resumed from %s (fleet.load_dataset_state "
+                "puts a dataset where it was)", role.index, restart.restart_count(),
+                restart.resume_dir(),
+            )
 
     def _leave_at_exit(self) -> None:
         """A worker that ends without stop_worker() (an exception escaped the
@@ -275,10 +291,12 @@ class ParameterServerRuntime:
 
     # -- checkpoints -------------------------------------------------------------
 
-    def save_persistables(self, dirname: str) -> None:
+    def save_persistables(self, dirname: str, extra_files: dict[str, bytes] | None = None) -> None:
         """Writes every sparse table shard and the dense parameters to ``dirname``
         (``trainer.ps.checkpoint``). In PS mode call it from one worker: the
-        servers write the files, so ``dirname`` must be visible to them."""
+        servers write the files, so ``dirname`` must be visible to them.
+        ``extra_files`` (name: bytes) go into the same checkpoint, which
+        appears whole or not at all (the workers' dataset positions)."""
         optimizer = self._require_optimizer("save_persistables()")
         staging = checkpoint.staging_dir(dirname)
         try:
@@ -301,6 +319,8 @@ class ParameterServerRuntime:
                 self.training.flush()
                 server_num = len(servers)
                 servers.call_all(handlers.save, [(staging,)] * server_num)
+            for name, data in (extra_files or {}).items():
+                restart.write_atomically(os.path.join(staging, name), data)
             meta = {
                 "format": checkpoint.FORMAT,
                 "server_num": server_num,
