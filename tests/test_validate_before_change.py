@@ -421,3 +421,45 @@ def test_a_missing_meta_is_still_file_not_found(saved) -> None:
     (ckpt / "meta.json").unlink()
     with pytest.raises(FileNotFoundError, match="is not a fleetfeed checkpoint"):
         load_local(ThreeDense(prefix), str(ckpt))
+
+
+@pytest.mark.parametrize("case", LOAD_LOCAL_CASES)
+def test_a_refused_checkpoint_changes_nothing_in_a_local_runtime(case: str, saved) -> None:
+    """``load_persistables`` of a local runtime: dense parameters, the dense
+    optimizer's state and the tables are left as they were."""
+    prefix, ckpt = saved
+    good = ckpt.parent / "good"
+    shutil.copytree(ckpt, good)
+    message = _attack(case, ckpt, prefix)
+    model = ThreeDense(prefix)
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    runtime.distributed_optimizer(optimizer)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(-1.0)
+    for p in model.parameters():
+        optimizer.state[p]["sum"].fill_(7.0)
+    with pytest.raises(CheckpointError, match=message):
+        runtime.load_persistables(str(ckpt))
+    assert all(bool((p == -1.0).all()) for p in model.parameters())
+    assert all(bool((optimizer.state[p]["sum"] == 7.0).all()) for p in model.parameters())
+    assert _table_rows(prefix) == {"emb": 0, "wide": 0}
+    assert not (ckpt.parent / "pwned").exists()
+    runtime.load_persistables(str(good))  # the intact checkpoint still loads, whole
+    assert all(bool((p == 0.5).all()) for p in model.parameters())
+    assert all(bool((optimizer.state[p]["sum"] == 0.0).all()) for p in model.parameters())
+    assert _table_rows(prefix) == {"emb": 4, "wide": 4}
+
+
+def test_a_malformed_dense_optimizer_state_changes_nothing_in_a_local_runtime(saved) -> None:
+    prefix, ckpt = saved
+    _edit_pt(ckpt / "dense.shard0.pt",
+             lambda d: d["optimizer"]["state"][2].update(sum=torch.zeros(5)))
+    model = ThreeDense(prefix)
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    with pytest.raises(CheckpointError, match=r"'state'\[2\]\['sum'\]: expected .* shape \[1, 3\]"):
+        runtime.load_persistables(str(ckpt))
+    assert all(bool((p != 0.5).any()) for p in model.parameters())
+    assert _table_rows(prefix) == {"emb": 0, "wide": 0}

@@ -4,13 +4,19 @@ A checkpoint is a directory::
 
     meta.json                       tables (name, dim, seed, ...), dense shapes, server_num
     sparse.<table>.shard<i>.pt      server i's rows of a table: ids, weights, optimizer state
-    dense.shard<i>.pt               the dense parameters server i owns (+ its optimizer state)
+    dense.shard<i>.pt               the dense parameters server i owns (``indices``,
+                                    ``params``) and its optimizer's state_dict
 
 Every ``.pt`` file holds only tensors, numbers, strings and lists/dicts of them:
 ``torch.load(path, weights_only=True)`` reads it. The directory is written under
 a temporary name and renamed into place once complete, so a reader never sees a
 half-written checkpoint. Shards are re-sharded on load: a checkpoint written by
-S servers loads into any number of servers, or into a local model.
+S servers loads into any number of servers, or into a local model. Every file
+names what it holds (row ids, parameter indices), so a loading process keeps
+what it owns by ``trainer.ps.placement``, whatever the placement at save time.
+Optimizer state moves with what it belongs to: a row's with the row; a dense
+parameter's (Adagrad's sums, Adam's moments) with the parameter
+(``dense_optimizer_state``), the hyper-parameters from the lowest shard.
 
 Loading checks every file before anything changes: a malformed or hand-edited
 file (truncated JSON, wrong types, lengths that disagree, another shape) is a
@@ -21,10 +27,11 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +40,8 @@ from ..job.errors import CheckpointError
 from .table import SparseTable, shown
 
 FORMAT = "fleetfeed-ps/1"
+
+log = logging.getLogger(__name__)
 
 
 def sparse_file(dirname: str, table: str, shard: int) -> str:
@@ -162,12 +171,6 @@ def read_meta(dirname: str) -> dict[str, Any]:
     return meta
 
 
-def sparse_shards(dirname: str, table: str) -> Iterator[dict[str, Any]]:
-    """Every saved shard of a table (each checked by the table that loads it)."""
-    for path in _sparse_paths(dirname, table):
-        yield load_file(path)
-
-
 def _sparse_paths(dirname: str, table: str) -> list[str]:
     pattern = os.path.join(glob.escape(dirname), f"sparse.{glob.escape(table)}.shard*.pt")
     return sorted(glob.glob(pattern))
@@ -287,15 +290,109 @@ def _dense_entries(
     return entries
 
 
-def dense_optimizer_states(dirname: str) -> list[dict[str, Any]]:
-    """The dense optimizer's state saved by each server (where it saved one)."""
-    out = []
+def dense_optimizer_state(
+    dirname: str, meta: dict[str, Any], optimizer: torch.optim.Optimizer, *, who: str
+) -> dict[str, Any] | None:
+    """The dense optimizer's saved state, re-sharded for ``optimizer``: each
+    parameter's state (Adagrad's sums, Adam's moments, ...) from the dense shard
+    that holds the parameter, the hyper-parameters from the lowest-numbered shard.
+    A ``state_dict`` for ``optimizer.load_state_dict``, checked so that loading it
+    cannot fail; a parameter with no saved state keeps the state it has.
+
+    None, logged at WARNING with ``who`` (the loading process), where there is
+    nothing to restore: a shard saved none (GEO servers run no optimizer), or the
+    state is another optimizer's (other hyper-parameter names, other groups).
+
+    Raises:
+        CheckpointError: a saved state of the wrong form: not a state_dict, a
+            parameter number out of range, a tensor of another shape.
+    """
+    shapes = [list(s) for s in meta["dense"]]
+    merged: dict[int, Any] = {}
+    groups: list[dict[str, Any]] | None = None
     for path in _dense_paths(dirname):
         shard = load_file(path)
-        state = shard.get("optimizer") if isinstance(shard, dict) else None
-        if isinstance(state, dict):
-            out.append(state)
-    return out
+        saved = shard.get("optimizer") if isinstance(shard, dict) else None
+        if saved is None:
+            log.warning("%s: %s holds no dense optimizer state; none restored", who, path)
+            return None
+        state, saved_groups = _checked_optimizer_state(saved, path, shapes)
+        mismatch = _groups_mismatch(saved_groups, optimizer.param_groups)
+        if mismatch:
+            log.warning(
+                "%s: dense optimizer state not restored: %s is another optimizer's (%s)",
+                who, path, mismatch,
+            )
+            return None
+        if groups is None:
+            groups = saved_groups
+        for index, _ in _dense_entries(shard, path, shapes):
+            if index in state:
+                merged[index] = state[index]
+    if groups is None:
+        return None
+    current = optimizer.state_dict()["state"]
+    for index, value in current.items():
+        merged.setdefault(index, value)
+    return {"state": merged, "param_groups": groups}
+
+
+def _checked_optimizer_state(
+    saved: Any, path: str, shapes: list[list[int]]
+) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
+    """The (state, param_groups) of a saved ``optimizer.state_dict()``, checked:
+    groups numbering the parameters 0..n-1 in order, per-parameter state of
+    numbers and tensors of the parameter's shape (or of one element)."""
+
+    def refuse(message: str) -> CheckpointError:
+        return CheckpointError(f"{path}: 'optimizer': {message}", path=path)
+
+    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict)
+            and isinstance(saved.get("param_groups"), list)):
+        raise refuse(f"expected a state_dict with 'state' and 'param_groups', found {shown(saved)}")
+    groups = saved["param_groups"]
+    numbered: list[Any] = []
+    for group in groups:
+        if not (isinstance(group, dict) and isinstance(group.get("params"), list)):
+            raise refuse(f"expected param_groups of dicts with 'params', found {shown(group)}")
+        numbered += group["params"]
+    if numbered != list(range(len(shapes))):
+        raise refuse(
+            f"expected param_groups numbering the {len(shapes)} dense parameters 0 to "
+            f"{len(shapes) - 1} in order, found {shown(numbered)}"
+        )
+    state = saved["state"]
+    for index, values in state.items():
+        if not (_is_int(index) and 0 <= index < len(shapes)):
+            raise refuse(f"'state': expected parameter numbers 0 to {len(shapes) - 1}, "
+                         f"found {shown(index)}")
+        if not isinstance(values, dict):
+            raise refuse(f"'state'[{index}]: expected a dict, found {shown(values)}")
+        for key, value in values.items():
+            fits = value is None or isinstance(value, (int, float)) or (
+                isinstance(value, torch.Tensor)
+                and (list(value.shape) == shapes[index] or value.numel() <= 1)
+            )
+            if not (isinstance(key, str) and fits):
+                raise refuse(
+                    f"'state'[{index}][{shown(key)}]: expected a number or a tensor of the "
+                    f"parameter's shape {shapes[index]}, found {shown(value)}"
+                )
+    return state, groups
+
+
+def _groups_mismatch(saved: list[dict[str, Any]], groups: list[dict[str, Any]]) -> str:
+    """Why ``saved`` param_groups are not those of ``groups`` ('' where they are)."""
+    if len(saved) != len(groups):
+        return f"{len(saved)} parameter groups, the optimizer has {len(groups)}"
+    for number, (old, new) in enumerate(zip(saved, groups, strict=True)):
+        if len(old["params"]) != len(new["params"]):
+            return (f"group {number} has {len(old['params'])} parameters, the optimizer's "
+                    f"{len(new['params'])}")
+        if set(old) != set(new):
+            return (f"group {number} has the settings {sorted(map(str, old))}, the "
+                    f"optimizer's {sorted(new)}")
+    return ""
 
 
 def check_dense_shapes(meta: dict[str, Any], params: Sequence[torch.Tensor], dirname: str) -> None:

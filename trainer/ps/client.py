@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from . import server as handlers
+from .placement import dense_owners
 from .sparse import TableConfig
 from .table import SparseTable, as_u64, shard_of
 from .transport import ServerSet
@@ -114,11 +115,15 @@ def shard_sparse(
     return out
 
 
-def shard_dense(values: dict[int, torch.Tensor], server_num: int) -> list[dict[int, torch.Tensor]]:
-    """Per server: the dense values it owns (parameter ``i`` lives on server ``i % n``)."""
+def shard_dense(
+    values: dict[int, torch.Tensor], params: Sequence[torch.Tensor], server_num: int
+) -> list[dict[int, torch.Tensor]]:
+    """Per server: the dense values (by parameter index) it owns; ``params``, all
+    the dense parameters in order, decide the placement (``placement.dense_owners``)."""
     out: list[dict[int, torch.Tensor]] = [{} for _ in range(server_num)]
+    owners = dense_owners([p.shape for p in params], server_num)
     for i, value in values.items():
-        out[i % server_num][i] = value
+        out[owners[i]][i] = value
     return out
 
 

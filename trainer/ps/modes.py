@@ -163,7 +163,7 @@ class AsyncMode(TrainingMode):
         sparse_parts = shard_sparse(sparse.take_gradients(), n)
         # The gradients are sent while the caller goes on (zero_grad may reuse them).
         grads = {i: g.clone() for i, g in dense_grads(self.params).items()}
-        dense_parts = shard_dense(grads, n)
+        dense_parts = shard_dense(grads, self.params, n)
         futures = [
             servers.call_async(s, handlers.push, link.index, sparse_parts[s], dense_parts[s])
             for s in range(n)
@@ -203,7 +203,7 @@ class SyncMode(TrainingMode):
         servers = link.servers
         n = len(servers)
         sparse_parts = shard_sparse(sparse.take_gradients(), n)
-        dense_parts = shard_dense(dense_grads(self.params), n)
+        dense_parts = shard_dense(dense_grads(self.params), self.params, n)
         args = [(link.index, sparse_parts[s], dense_parts[s]) for s in range(n)]
         # The step waits for the slowest worker: bounded by the start timeout.
         self._set_dense(
@@ -297,7 +297,7 @@ class GeoMode(TrainingMode):
                     dense_deltas = {i: v - self._dense_base[i] for i, v in enumerate(sent)}
                     self._dense_base = sent
             sparse_parts = shard_sparse(deltas, n)
-            dense_parts = shard_dense(dense_deltas, n)
+            dense_parts = shard_dense(dense_deltas, self.params, n)
             futures = [
                 servers.call_async(
                     s, handlers.geo_push, link.index, sparse_parts[s], dense_parts[s]

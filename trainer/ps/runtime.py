@@ -334,31 +334,42 @@ class ParameterServerRuntime:
             raise
 
     def load_persistables(self, dirname: str) -> None:
-        """Loads a checkpoint written by save_persistables (any server count)."""
-        self._require_optimizer("load_persistables()")
+        """Loads a checkpoint written by save_persistables (any server count):
+        sparse rows and their optimizer state, dense parameters, and (local
+        mode, or on servers that run the optimizer) the dense optimizer's state,
+        re-sharded by parameter (``checkpoint.dense_optimizer_state``). Every
+        file is read and checked before anything changes.
+
+        Raises:
+            FileNotFoundError: ``dirname`` has no ``meta.json``.
+            CheckpointError: a file is malformed or does not fit the model
+                (PS mode: each server refuses it, and the call fails naming it).
+        """
+        optimizer = self._require_optimizer("load_persistables()")
         if self.local:
             meta = checkpoint.read_meta(dirname)
             checkpoint.check_dense_shapes(meta, self.params, dirname)
-            _load_tables(dirname, self.configs)
-            values = checkpoint.dense_values(dirname)
+            values = checkpoint.dense_values(dirname, meta)
+            optimizer_state = checkpoint.dense_optimizer_state(
+                dirname, meta, optimizer, who="local load_persistables"
+            )
+            store = sparse.local_store()
+            tables = {name: store.table(config) for name, config in self.configs.items()}
+            shards = checkpoint.read_tables(dirname, meta, tables)
+            # Everything is checked: from here on nothing is refused.
+            for table, shard in shards:
+                table.load_state_dict(shard)
             with torch.no_grad():
                 for i, p in enumerate(self.params):
                     p.copy_(values[i])
+            if optimizer_state is not None:
+                optimizer.load_state_dict(optimizer_state)
             return
         servers = self._connected()
         self.training.settle()
         servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers))
         copy_dense(self.params, servers.call_all(handlers.pull_dense))
         self.training.reloaded()
-
-
-def _load_tables(dirname: str, configs: dict[str, TableConfig]) -> None:
-    """Loads the rows of ``configs``' local tables; every shard is read and
-    checked before the first row is loaded (``CheckpointError`` otherwise)."""
-    store = sparse.local_store()
-    tables = {name: store.table(config) for name, config in configs.items()}
-    for table, shard in checkpoint.read_tables(dirname, checkpoint.read_meta(dirname), tables):
-        table.load_state_dict(shard)
 
 
 def load_local(model: torch.nn.Module, dirname: str) -> None:

@@ -1,8 +1,9 @@
 """A parameter server: its shard of every sparse table, its dense parameters,
 and the handlers workers call (over ``trainer.ps.transport``).
 
-Sparse rows are sharded by id (``table.shard_of``); dense parameters by their
-index in the optimizer's parameter list (index mod server_num). The handlers are
+Sparse rows are sharded by a hash of the id (``table.shard_of``), dense
+parameters by size (``placement.dense_owners``, from the shapes every process
+knows). The handlers are
 module-level functions named by the operations of ``trainer.ps.wire`` (workers
 name the function, the transport sends the name); each works on the process's
 one ``ParameterServer``. Who may call them is settled before: the transport
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from . import checkpoint
+from .placement import dense_owners
 from .table import SparseTable, as_u64, shard_of
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,8 @@ class ParameterServer:
         self.mode = mode
         self.tables = dict(tables)
         self.dense = list(dense)
-        self.owned = [i for i in range(len(self.dense)) if i % server_num == index]
+        owners = dense_owners([p.shape for p in self.dense], server_num)
+        self.owned = [i for i, owner in enumerate(owners) if owner == index]
         self.dense_optimizer = dense_optimizer
         self._dense_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -247,27 +250,35 @@ class ParameterServer:
         checkpoint.save_file(state, checkpoint.dense_file(dirname, self.index))
 
     def load(self, dirname: str) -> None:
+        """Takes this server's part of the checkpoint at ``dirname`` (written by
+        any number of servers): the rows it owns by id, the dense parameters it
+        owns and their optimizer state (``checkpoint.dense_optimizer_state``).
+
+        Every file is read and checked before anything changes; every server
+        reads every file, so a bad file is refused by all of them alike.
+
+        Raises:
+            FileNotFoundError: ``dirname`` has no ``meta.json``.
+            CheckpointError: a file is malformed or does not fit the model.
+        """
         meta = checkpoint.read_meta(dirname)
         checkpoint.check_dense_shapes(meta, self.dense, dirname)
-        for name, table in self.tables.items():
-            for shard in checkpoint.sparse_shards(dirname, name):
-                keep = shard_of(as_u64(shard["ids"].numpy()), self.server_num) == self.index
-                table.load_state_dict(shard, keep=keep)
-        values = checkpoint.dense_values(dirname)
+        values = checkpoint.dense_values(dirname, meta)
+        optimizer_state = None
+        if self.dense_optimizer is not None:
+            optimizer_state = checkpoint.dense_optimizer_state(
+                dirname, meta, self.dense_optimizer, who=f"server {self.index}"
+            )
+        shards = checkpoint.read_tables(dirname, meta, self.tables)
+        # Everything is checked: from here on nothing is refused.
+        for table, shard in shards:
+            keep = shard_of(as_u64(shard["ids"].numpy()), self.server_num) == self.index
+            table.load_state_dict(shard, keep=keep)
         with self._dense_lock, torch.no_grad():
             for i in self.owned:
                 self.dense[i].copy_(values[i])
-            # The dense optimizer's state is restored where the checkpoint was
-            # written by the same number of servers (same ownership).
-            if self.dense_optimizer is not None and meta.get("server_num") == self.server_num:
-                states = checkpoint.dense_optimizer_states(dirname)
-                if self.index < len(states):
-                    try:
-                        self.dense_optimizer.load_state_dict(states[self.index])
-                    except (ValueError, KeyError) as err:
-                        log.warning(
-                            "server %d: dense optimizer state not restored: %s", self.index, err
-                        )
+            if self.dense_optimizer is not None and optimizer_state is not None:
+                self.dense_optimizer.load_state_dict(optimizer_state)
         log.info("server %d loaded %s", self.index, dirname)
 
 
