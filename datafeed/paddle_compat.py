@@ -82,11 +82,33 @@ def _setting_property(setting: str, doc: str) -> property:
     return property(get, put, doc=doc)
 
 
+def _paddle_object(name: str, what: str, instead: str) -> property:
+    """An attribute that holds one of Paddle's C++ objects there: reading it
+    raises ``NotImplementedError`` saying what to use instead."""
+
+    def get(self: Any) -> Any:
+        raise NotImplementedError(
+            f"dataset.{name} is Paddle's C++ {what}, which fleetfeed does not have; {instead}"
+        )
+
+    return property(get, doc=f"Paddle's C++ {what}: ``NotImplementedError`` ({instead}).")
+
+
 class PaddleDatasetBase:
     """Paddle's ``DatasetBase`` setters and attributes, for ``DatasetBase``."""
 
     # Paddle's executor reads it; only False is possible here (_set_use_ps_gpu).
     use_ps_gpu = False
+    # Paddle's PSGPU handle: None unless use_ps_gpu, which is never the case here.
+    psgpu = None
+    proto_desc = _paddle_object(
+        "proto_desc", "DataFeedDesc protobuf",
+        "read the settings from dataset.desc() or the dataset's own attributes",
+    )
+    dataset = _paddle_object(
+        "dataset", "core.Dataset",
+        "call the methods on the dataset itself (load_into_memory, global_shuffle, ...)",
+    )
 
     _settings: Any
     update_settings: Callable[..., None]
@@ -222,6 +244,11 @@ class PaddleDatasetBase:
     set_pv_batch_size = _only_in_paddle("set_pv_batch_size", "boxps", off=1)
     set_graph_config = _only_in_paddle("set_graph_config", "graph")
     set_pass_id = _only_in_paddle("set_pass_id", "graph")
+    get_pass_id = _only_in_paddle("get_pass_id", "graph")
+    get_epoch_finish = _only_in_paddle("get_epoch_finish", "graph")
+    clear_sample_state = _only_in_paddle("clear_sample_state", "graph")
+    dump_walk_path = _only_in_paddle("dump_walk_path", "graph")
+    dump_sample_neighbors = _only_in_paddle("dump_sample_neighbors", "graph")
     _set_heter_ps = _only_in_paddle("_set_heter_ps", "psgpu", off=False)
 
 
@@ -245,6 +272,14 @@ class PaddleInMemoryDataset:
 
     _settings: Any
     update_settings: Callable[..., None]
+
+    # Paddle's plain attributes with its defaults: read by some drivers, and
+    # only meaningful to BoxPS (log keys, pv merging) or to fluid's shuffle.
+    is_user_set_queue_num = False
+    parse_logkey = False
+    merge_by_sid = True
+    enable_pv_merge = False
+    trainer_num = -1
 
     fleet_send_batch_size = _setting_property(
         "fleet_send_batch_size", "Records per destination per global-shuffle round."
@@ -304,6 +339,7 @@ class PaddleInMemoryDataset:
 
     def _set_queue_num(self, queue_num: int) -> None:
         self.update_settings(queue_num=queue_num)
+        self.is_user_set_queue_num = True
 
     def _set_parse_ins_id(self, parse_ins_id: bool) -> None:
         self.update_settings(parse_ins_id=parse_ins_id)
@@ -381,8 +417,9 @@ class PaddleInMemoryDataset:
         self._set_fea_eval(record_candidate_size, fea_eval)
 
     def set_merge_by_sid(self, merge_by_sid: bool) -> None:
-        """fluid's BoxPS pv setting: accepted and ignored (it only matters with
-        ``set_enable_pv_merge(True)``, which is not supported)."""
+        """fluid's BoxPS pv setting: kept in ``merge_by_sid`` and otherwise unused
+        (it only matters with ``set_enable_pv_merge(True)``, which is not supported)."""
+        self.merge_by_sid = merge_by_sid
 
     _set_generate_unique_feasigns = _only_in_paddle("_set_generate_unique_feasigns", "pslib")
     set_generate_unique_feasigns = _only_in_paddle("set_generate_unique_feasigns", "pslib")

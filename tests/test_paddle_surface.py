@@ -548,3 +548,22 @@ def test_train_from_dataset_takes_paddles_keywords(tmp_path, capsys):
         Executor().infer_from_dataset(model, dataset, program=model)
     with pytest.raises(TypeError, match="fetch_handler must be a FetchHandler"):
         Executor().infer_from_dataset(model, dataset, fetch_handler=42)
+
+
+def test_paddles_plain_attributes_and_cpp_objects():
+    from datafeed import InMemoryDataset, QueueDataset
+
+    ds = InMemoryDataset()
+    # Paddle's InMemoryDataset.__init__ defaults.
+    assert (ds.is_user_set_queue_num, ds.parse_logkey, ds.merge_by_sid, ds.enable_pv_merge,
+            ds.trainer_num, ds.psgpu) == (False, False, True, False, -1, None)
+    ds._set_queue_num(4)
+    ds.set_merge_by_sid(False)
+    assert ds.is_user_set_queue_num is True and ds.queue_num == 4 and ds.merge_by_sid is False
+    for dataset in (ds, QueueDataset()):
+        for name, what in (("proto_desc", "DataFeedDesc"), ("dataset", "core.Dataset")):
+            with pytest.raises(NotImplementedError, match=f"dataset.{name} is Paddle's C.. {what}"):
+                getattr(dataset, name)
+    for name in ("get_pass_id", "get_epoch_finish", "clear_sample_state"):
+        with pytest.raises(NotImplementedError, match="GPU graph engine"):
+            getattr(ds, name)()
