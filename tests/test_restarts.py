@@ -245,7 +245,7 @@ def test_a_killed_server_restarts_the_job_from_its_checkpoint(tmp_path):
         base = rank * RECORDS_PER_WORKER
         assert set(everything) == set(range(base, base + RECORDS_PER_WORKER))
     auc = float((tmp_path / "auc").read_text())
-    assert 0.75 < auc <= 1.0, auc
+    assert 0.80 < auc <= 1.0, auc  # measured: 0.834 without a failure, 0.833-0.834 with
     record = restart.read_record(str(tmp_path / "log" / restart.RECORD_FILE))
     assert record is not None
     assert record["checkpoint"] == str(checkpoint) and record["attempt"] == 1
