@@ -5,13 +5,17 @@ tensors holding ``"loss"`` (and any metric to print). ``thread`` worker threads
 share the one model and take batches from one shared pass over the dataset (a lock
 around ``next()``), as Paddle's ``HogwildWorker`` threads share one scope.
 
-Threads overlap reading, parsing and batching with compute, and inference runs
-fully in parallel. Training steps are applied one at a time: PyTorch's autograd
-refuses to differentiate through a parameter that another thread's optimizer step
-has changed in place since the forward, and a shared parameter has a single
-``.grad`` buffer, so lock-free Hogwild on shared modules would fail or mix
-gradients. Each step is therefore forward, backward and optimizer step (the push,
-in parameter-server mode) under one lock.
+Inference runs fully in parallel. Training with ``thread`` > 1 is Hogwild, as
+Paddle's: each thread runs its forward, backward and update at the same time as
+the others (torch's kernels release the GIL), takes its own gradients and
+applies them to the shared parameters without a lock (trainer/hogwild.py), and
+trains the sparse tables with the rows it pulled itself. That needs an optimizer
+whose update can run so: ``SGD``, ``Adagrad``, ``Adam`` or ``AdamW``, plain or
+through ``fleet.distributed_optimizer`` in local mode. Any other optimizer, and
+the parameter-server modes (async, sync, GEO), train their threads one step at a
+time instead: forward, backward and ``step()`` under one lock, with reading,
+parsing and batching still in parallel (logged once as a warning). ``thread=1``
+is torch's own loop: ``backward()`` then ``optimizer.step()``.
 
 Every ``print_period`` batches it prints Paddle's line to stdout:
 ``time: [2024-01-01 12:00:00], batch: [100], loss[1]:[0.693]``.
@@ -33,6 +37,7 @@ from datafeed.memory import release_free_memory
 
 from . import fleet
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
+from .hogwild import HogwildStep
 from .run_summary import RunSummary, input_stats, log_summary
 
 __all__ = ["Executor", "FetchHandler", "RunSummary"]
@@ -84,6 +89,8 @@ class Executor:
                 ``fleet.distributed_optimizer`` returned; None uses the one last
                 given to ``fleet.distributed_optimizer``.
             thread: worker threads; 0 means the dataset's ``thread_num``.
+                Threads train Hogwild-style with SGD, Adagrad, Adam or AdamW in
+                one process, else one step at a time (the module's docstring).
                 A ``DistributedDataParallel`` model always runs one thread.
             debug: also print per-phase timings and records/s (to stderr).
             fetch_list: names (or objects with a ``name``) of outputs to print
@@ -200,6 +207,8 @@ class Executor:
             self.place if self.place is not None else _model_device(model),
         )
         run.keep_latest = periodic
+        if train and threads > 1:
+            run.hogwild = _hogwild_step(optimizer)
         monitor = FetchMonitor(fetch_handler, run.current_value) if periodic else None
         run.default_fetch = fetch_list is None
         module = model if isinstance(model, torch.nn.Module) else None
@@ -294,6 +303,7 @@ class _Run:
         self.timings = dict.fromkeys(_PHASES, 0.0)
         self.last_fetch: dict[str, list[float]] = {}
         self.started = time.perf_counter()
+        self.hogwild: HogwildStep | None = None  # None: steps under step_lock
         # For a FetchHandler's monitor thread: the last batch and its outputs.
         self.keep_latest = False
         self.latest: tuple[Mapping[str, Any], Any] = ({}, None)
@@ -364,7 +374,15 @@ class _Run:
             if self.device is not None:
                 batch = _to_device(batch, self.device)
             waited = clock() - t0
-            if self.train:
+            if self.hogwild is not None:
+                t1 = clock()
+                outputs = _check_outputs(self.model(batch), need_loss=True)
+                t2 = clock()
+                grads = self.hogwild.gradients(outputs["loss"])
+                t3 = clock()
+                self.hogwild.apply(grads)
+                t4 = clock()
+            elif self.train:
                 with self.step_lock:
                     t1 = clock()
                     outputs = _check_outputs(self.model(batch), need_loss=True)
@@ -438,6 +456,22 @@ class _Run:
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+_fallback_reasons: set[str] = set()
+
+
+def _hogwild_step(optimizer: Any) -> HogwildStep | None:
+    """The Hogwild step for ``optimizer``; None (and a warning, once per reason)
+    where its threads must step one at a time."""
+    try:
+        return HogwildStep(optimizer)
+    except ValueError as error:
+        reason = str(error)
+    if reason not in _fallback_reasons:
+        _fallback_reasons.add(reason)
+        logger.warning("%s: training threads step one at a time", reason)
+    return None
 
 
 def _fetch_names(fetch_list: Sequence[Any] | None) -> list[str]:

@@ -312,6 +312,12 @@ class DistributedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    @property
+    def mode_name(self) -> str | None:
+        """The name of the training mode whose step this runs (``"local"``,
+        ``"async"``, ``"sync"``, ``"geo"``); None for another step function."""
+        return getattr(getattr(self._step, "__self__", None), "name", None)
+
     def minimize(self, loss: torch.Tensor) -> None:
         """Paddle's spelling: backward, step, zero_grad."""
         loss.backward()

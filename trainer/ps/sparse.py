@@ -246,6 +246,17 @@ def record(name: str, ids: torch.Tensor, rows: torch.Tensor) -> None:
     items.append((name, ids, rows))
 
 
+def pending_rows() -> list[torch.Tensor]:
+    """The row tensors of this thread's pending pulls, oldest first.
+
+    A Hogwild trainer thread differentiates its loss with respect to them
+    (``torch.autograd.grad``) and sets each one's ``.grad`` before
+    ``take_gradients``: the rows are this thread's own leaves, unlike the dense
+    parameters' shared ``.grad``.
+    """
+    return [rows for _, _, rows in getattr(_pending, "items", None) or []]
+
+
 def clear_pending() -> None:
     """Forgets this thread's pending pulls."""
     _pending.items = []
