@@ -5,10 +5,12 @@ state identical; a bad file is refused by every server before any changes.
 
 In-process tests build ``ParameterServer`` objects directly (no sockets). The
 jobs (``distributed``, ``slow``) use tests/test_ps.py's job script. What they
-run, to keep a 2-core machine's load down: 1 server in async and GEO; 2 servers
-in sync, async and GEO; 3 servers in GEO; sync with 2 servers is compared, value
-by value, with one process training on both workers' batches (what 1-server
-sync equals, tests/test_ps.py). Re-shard jobs: 2 -> 3 servers (async) and
+run, to keep a 2-core machine's load down (a job takes 15-30 s there): 2 servers
+in sync, async and GEO; 3 servers in GEO. The one-server band they must fall in
+is centred on one process training on both workers' batches (the mean of the two
+losses per step): what sync mode computes, with one server value by value
+(tests/test_ps.py) and with two (here); async and GEO with one server train to
+within 0.03 of 1-server sync (tests/test_ps.py). Re-shard jobs: 2 -> 3 servers (async) and
 3 -> 1 (sync), each loading the previous checkpoint and saving it again; this
 file is their script (importing test_ps first puts the repository on sys.path).
 """
@@ -302,7 +304,7 @@ def test_another_optimizers_state_is_not_restored(tmp_path, table_name, caplog):
 
 # -- jobs ---------------------------------------------------------------------------------
 
-JOBS = [("async", 1), ("geo", 1), ("sync", 2), ("async", 2), ("geo", 2), ("geo", 3)]
+JOBS = [("sync", 2), ("async", 2), ("geo", 2), ("geo", 3)]
 
 
 @pytest.fixture(scope="module")
@@ -335,14 +337,13 @@ def local_sync_reference() -> Model:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_every_mode_trains_to_one_servers_band(jobs):
-    reference = local_sync_reference()
-    one_server = {"async": jobs["async", 1]["auc"], "geo": jobs["geo", 1]["auc"],
-                  "sync": auc(reference, batches(-1, 2000))}
+    one_server = auc(local_sync_reference(), batches(-1, 2000))
     sparse.local_store().clear()
     aucs = {f"{mode}-{n}": r["auc"] for (mode, n), r in jobs.items()}
-    for (mode, n), result in jobs.items():
-        assert result["auc"] > 0.8, aucs
-        assert abs(result["auc"] - one_server[mode]) < 0.03, (mode, n, one_server, aucs)
+    assert one_server > 0.8
+    for result in jobs.values():
+        assert abs(result["auc"] - one_server) < 0.03, (one_server, aucs)
+    assert jobs["sync", 2]["auc"] == pytest.approx(one_server, abs=1e-3), (one_server, aucs)
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ ZeroMQ with CURVE authentication, behind the fleet API (``trainer.fleet``).
 Modules, from the bottom up:
 
 - ``_rows.pyx`` (id -> row hash index, the optimizers' row loops), ``optim``
-  (optimizer settings), ``table`` (``SparseTable``), ``checkpoint`` (files);
+  (optimizer settings), ``table`` (``SparseTable``), ``placement`` (which
+  server holds a row or a dense parameter), ``checkpoint`` (files);
 - ``sparse``: the registry of ``SparseEmbedding`` tables, the row store a
   forward pulls from, and the gradients a step pushes;
 - ``wire`` (the messages: JSON header and raw array frames, never pickle),
@@ -15,6 +16,19 @@ Modules, from the bottom up:
   ``"sync"``, ``"geo"`` (``strategy.a_sync_configs["k_steps"]``), and local;
 - ``runtime``: ``ParameterServerRuntime``, one process's part of the job, and
   ``load_local`` (a checkpoint into a local model for inference, without fleet).
+
+Several servers (``fleetrun --server_num N``): each sparse row lives on one
+server, chosen by a hash of its id (``table.shard_of``); each dense parameter
+on one server, chosen by size (``placement.dense_owners``: largest first onto
+the server with the fewest elements so far, computed alike by every process
+from the shapes). By index, the rule before, every weight matrix of an MLP
+(parameters alternate weight, bias) landed on the even servers: 16,224 of the
+wide&deep example's 16,321 dense floats on server 0 of two; by size 14,144
+(one matrix, never split) and 2,177. A checkpoint holds one file per server
+and table, each naming the ids or parameter indices it holds, and loads into
+any number of servers or a local model: every server reads every file, keeps
+what it owns, and takes each row's and each dense parameter's optimizer state
+with it (``checkpoint``). Every file is checked before anything changes.
 
 Without a role environment the tables live in the process and the same calls
 work, so a script runs unchanged on a laptop. Timeouts: ``FLEETFEED_PS_TIMEOUT``
