@@ -244,6 +244,14 @@ def test_ctrl_c_stops_every_process(tmp_path, dummy):
          r"--servers must be 'ip:port' entries .*found '127.0.0.1:x'"),
         ([], "give --server_num/--worker_num .* or --nproc_per_node"),
         (["--server_num=1", "--worker_num=1", "--nproc_per_node=2"], "not both"),
+        (["--servers=10.99.1.1:6001", "--workers=10.99.1.1:6002"],
+         r"none of the endpoints 10\.99\.1\.1:6001,10\.99\.1\.1:6002 is on this machine "
+         r"\(its addresses: .*127\.0\.0\.1.*\): give this host's with --host"),
+        (["--host=127.0.0.9", "--servers=127.0.0.2:6001", "--workers=127.0.0.3:6002"],
+         r"--host 127\.0\.0\.9: none of the endpoints 127\.0\.0\.2:6001,127\.0\.0\.3:6002 "
+         "is on it"),
+        (["--servers=127.0.0.1:6001", "--workers=10.99.1.1"],
+         r"--workers: '10\.99\.1\.1' is not on this machine: give its port"),
     ],
 )
 def test_argument_errors(tmp_path, args, message):
@@ -376,3 +384,83 @@ def test_ctrl_c_stops_the_workers_pipe_commands_too(tmp_path, where):
             launcher.communicate()
         for pid in sleeping(marker):  # a failed test leaves nothing running either
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_collective_job_across_hosts_needs_the_master_port(tmp_path):
+    result = fleetrun("--nproc_per_node=1", "--nnodes=2", "--master_addr=10.99.1.1",
+                      "train.py", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "--nnodes=2 needs --master_port, the same on every host" in result.stderr
+
+
+def start_host(
+    host: str, servers: str, workers: str, dummy: Path, out: Path, mode: str,
+    env: dict | None = None,
+) -> subprocess.Popen:
+    """One "host"'s fleetrun (--host, or POD_IP when ``env`` sets it)."""
+    env = dict(env if env is not None else os.environ, PYTHONPATH=str(REPO))
+    chosen = [] if "POD_IP" in env else [f"--host={host}"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch", *chosen, f"--servers={servers}",
+         f"--workers={workers}", f"--log_dir=log_{host}", str(dummy), str(out), mode],
+        cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def finished(launcher: subprocess.Popen, timeout: float = 30) -> tuple[int, str]:
+    try:
+        _, stderr = launcher.communicate(timeout=timeout)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    return launcher.returncode, stderr
+
+
+@pytest.mark.distributed
+def test_each_hosts_fleetrun_starts_only_its_own_endpoints(tmp_path, dummy):
+    # Two "hosts" on loopback aliases: one picked by --host, one by POD_IP.
+    with reserved_ports(2, "127.0.0.2") as (server_a, worker_a), \
+            reserved_ports(2, "127.0.0.3") as (server_b, worker_b):
+        servers = f"127.0.0.2:{server_a},127.0.0.3:{server_b}"
+        workers = f"127.0.0.2:{worker_a},127.0.0.3:{worker_b}"
+        host_b_env = dict(os.environ, POD_IP="127.0.0.3")
+        launchers = [
+            start_host("127.0.0.2", servers, workers, dummy, tmp_path, "ok"),
+            start_host("127.0.0.3", servers, workers, dummy, tmp_path, "ok", env=host_b_env),
+        ]
+        results = [finished(launcher) for launcher in launchers]
+    assert [status for status, _ in results] == [0, 0], results
+    assert sorted(p.name for p in (tmp_path / "log_127.0.0.2").iterdir()) == [
+        "serverlog.0", "workerlog.0"]
+    assert sorted(p.name for p in (tmp_path / "log_127.0.0.3").iterdir()) == [
+        "serverlog.1", "workerlog.1"]
+    for index, (address, port) in enumerate([("127.0.0.2", worker_a), ("127.0.0.3", worker_b)]):
+        env = json.loads((tmp_path / f"worker{index}.json").read_text())
+        assert env["PADDLE_TRAINER_ID"] == str(index)
+        assert (env["POD_IP"], env["PADDLE_PORT"]) == (address, str(port))
+        assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == servers
+        assert env["PADDLE_TRAINER_ENDPOINTS"] == workers
+        assert env["PADDLE_TRAINERS_NUM"] == "2"
+    assert (tmp_path / "server1.pid").exists()
+    assert_all_gone(tmp_path)
+
+
+@pytest.mark.distributed
+def test_a_host_with_servers_only_ends_when_its_servers_do(tmp_path, dummy):
+    # run_server() returns once every worker stopped: on a host without
+    # workers, the servers' exit 0 ends that host's part of the job.
+    with reserved_ports(1, "127.0.0.2") as (server,), reserved_ports(1, "127.0.0.3") as (worker,):
+        servers, workers = f"127.0.0.2:{server}", f"127.0.0.3:{worker}"
+        servers_host = start_host("127.0.0.2", servers, workers, dummy, tmp_path, "server_done")
+        try:
+            wait_for(lambda: (tmp_path / "server0.pid").exists(), "server 0 to start", 30)
+        finally:
+            if not (tmp_path / "server0.pid").exists():
+                finished(servers_host, 0.1)
+        workers_host = start_host("127.0.0.3", servers, workers, dummy, tmp_path, "server_done")
+        results = [finished(servers_host), finished(workers_host)]
+    assert [status for status, _ in results] == [0, 0], results
+    assert not (tmp_path / "log_127.0.0.2" / "workerlog.0").exists()
+    assert (tmp_path / "log_127.0.0.3" / "workerlog.0").read_text() == "worker 0 done\n"
+    assert_all_gone(tmp_path)

@@ -143,3 +143,32 @@ def test_user_defined_role_maker():
         UserDefinedRoleMaker(worker_num=1, server_endpoints=["nohost"])
     with pytest.raises(TypeError, match="is_collective must be a bool, got 'yes'"):
         UserDefinedRoleMaker("yes")
+
+
+def test_every_process_of_a_two_host_job_from_paddles_variables():
+    # What Paddle's cluster launchers (and Kubernetes operators) set on two hosts.
+    job = {
+        "PADDLE_PSERVERS_IP_PORT_LIST": "10.0.0.1:6001,10.0.0.2:6001",
+        "PADDLE_TRAINER_ENDPOINTS": "10.0.0.1:6002,10.0.0.2:6002",
+        "PADDLE_TRAINERS_NUM": "2",
+    }
+    server, trainer = {"TRAINING_ROLE": "PSERVER"}, {"TRAINING_ROLE": "TRAINER"}
+    processes = [
+        ({**server, "POD_IP": "10.0.0.1", "PADDLE_PORT": "6001"}, Role.SERVER, 0),
+        ({**server, "POD_IP": "10.0.0.2", "PADDLE_PORT": "6001"}, Role.SERVER, 1),
+        ({**trainer, "PADDLE_TRAINER_ID": "0", "POD_IP": "10.0.0.1"}, Role.WORKER, 0),
+        ({**trainer, "PADDLE_TRAINER_ID": "1", "POD_IP": "10.0.0.2"}, Role.WORKER, 1),
+    ]
+    for own, kind, index in processes:
+        role = role_of({**job, **own})
+        assert (role.role, role.index, role.worker_num, role.server_num) == (kind, index, 2, 2)
+        assert role.server_endpoints == ("10.0.0.1:6001", "10.0.0.2:6001")
+        assert role.worker_endpoints == ("10.0.0.1:6002", "10.0.0.2:6002")
+
+
+def test_a_server_named_by_host_name_finds_its_index_from_its_address():
+    env = ps_env(PADDLE_PSERVERS_IP_PORT_LIST="localhost:6001,127.0.0.1:6002",
+                 TRAINING_ROLE="PSERVER", POD_IP="127.0.0.1", PADDLE_PORT="6001")
+    assert role_of(env).index == 0
+    with pytest.raises(RoleError, match=r"'127.0.0.1:6003' is not in PADDLE_PSERVERS_IP_PORT_LIST"):
+        role_of({**env, "PADDLE_PORT": "6003"})

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .job import bind
+from .job import bind, hosts
 from .job.errors import WorkerFailedError
 from .job.keys import require_key_or_insecure
 
@@ -90,9 +90,13 @@ def init_collective(
     _timeout = datetime.timedelta(seconds=timeout)
     host, _, port = master_endpoint.rpartition(":")
     require_key_or_insecure(job_key, [master_endpoint], f"rank {rank}'s process group")
-    # A pinned interface keeps gloo on the rendezvous address (lo on 127.0.0.1).
-    if host.startswith("127.") and backend == "gloo":
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # gloo listens on GLOO_SOCKET_IFNAME's address, else on whatever the hostname
+    # resolves to: pin the interface this machine reaches the rendezvous through
+    # (its own address on the job's network; lo for 127.x).
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = hosts.interface_toward(host)
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     try:
         # The store listens on its host only, and holds the job's entries keyed.
         store = bind.rendezvous_store(host, int(port), rank, world_size, _timeout, job_key)

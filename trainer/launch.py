@@ -19,6 +19,15 @@ or in a session of its own (a dataset's pipe commands): its whole process tree.
 Each process gets ``OMP_NUM_THREADS=1`` unless the environment sets it (the
 processes share the machine's cores).
 
+On several hosts, every host runs the same ``fleetrun --servers ... --workers
+...`` line with the same job key (``FLEETFEED_JOB_KEY`` or ``_FILE``); each
+starts only the endpoints on its host (``--host``, else ``POD_IP`` when an
+endpoint has it, else those on this machine's interface addresses,
+``trainer.job.hosts``), with their indices in the whole job, waits only for its
+own servers' ports (the workers wait, bounded, for the others'), and ends when
+its own workers have (a host with servers only: when its servers return, once
+every worker stopped).
+
 With ``--max_restarts K`` a failed job is started again, whole, up to K times:
 every process is stopped, then started again with the same endpoints and job
 key, ``FLEETFEED_RESTART_COUNT`` (and ``TORCHELASTIC_RESTART_COUNT``) set to the
@@ -46,7 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, NoReturn
 
-from .job import keys, restart
+from .job import hosts, keys, restart
 from .job.errors import CheckpointError
 
 __all__ = ["main"]
@@ -87,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="workers (trainers)")
     ps.add_argument("--servers", default="", help="server endpoints 'ip:port,ip:port'")
     ps.add_argument("--workers", default="", help="worker endpoints 'ip:port,...' (or ips)")
+    ps.add_argument("--host", default="",
+                    help="this host's address: start the endpoints on it (default: POD_IP "
+                         "if an endpoint has it, else those on this machine's addresses)")
     ps.add_argument("--start_timeout", type=float, default=60.0,
                     help="seconds to wait for the servers' ports (default 60)")
     ps.add_argument("--max_restarts", type=int, default=0,
@@ -114,8 +126,13 @@ def _endpoints(parser: argparse.ArgumentParser, option: str, text: str) -> list[
     endpoints = []
     for item in (part.strip() for part in text.split(",") if part.strip()):
         host, sep, port = item.rpartition(":")
-        if not sep:  # an ip alone: a free port on it
-            endpoints.append(f"{item}:{_free_port()}")
+        if not sep and not hosts.is_this_host(item):
+            parser.error(
+                f"{option}: {item!r} is not on this machine: give its port ('ip:port'), the "
+                "same on every host's fleetrun"
+            )
+        elif not sep:  # an ip alone: a free port on it
+            endpoints.append(f"{item}:{_free_port(item)}")
         elif host and port.isdigit() and 0 < int(port) < 65536:
             endpoints.append(item)
         else:
@@ -152,7 +169,42 @@ def _ps_endpoints(
             workers = [f"127.0.0.1:{_free_port()}" for _ in range(args.worker_num)]
     if not workers:
         parser.error("a parameter-server job needs --worker_num or --workers")
+    args.host = _pick_host(parser, args.host, servers + workers)
     return servers, workers
+
+
+def _host_of(endpoint: str) -> str:
+    return endpoint.rpartition(":")[0]
+
+
+def _pick_host(parser: argparse.ArgumentParser, host: str, endpoints: list[str]) -> str:
+    """This host's address as the job names it: ``--host``, else ``POD_IP`` when
+    an endpoint is on it (Paddle's launchers set it), else "" (the endpoints on
+    any of this machine's addresses). Some endpoint must be on this host."""
+    pod_ip = os.environ.get("POD_IP", "").strip()
+    if not host and pod_ip and any(_same_host(_host_of(e), pod_ip) for e in endpoints):
+        host = pod_ip
+    if host and not any(_same_host(_host_of(e), host) for e in endpoints):
+        parser.error(f"--host {host}: none of the endpoints {','.join(endpoints)} is on it")
+    if not host and not any(hosts.is_this_host(_host_of(e)) for e in endpoints):
+        parser.error(
+            f"none of the endpoints {','.join(endpoints)} is on this machine (its addresses: "
+            f"{', '.join(sorted(hosts.local_addresses()))}): give this host's with --host"
+        )
+    return host
+
+
+def _same_host(a: str, b: str) -> bool:
+    return a == b or bool(hosts.addresses_of(a) & hosts.addresses_of(b))
+
+
+def _on_this_host(args: argparse.Namespace, endpoints: list[str]) -> list[int]:
+    """The indices of the endpoints this fleetrun starts: those on ``--host`` (or
+    ``POD_IP``, ``_pick_host``), else those on this machine's addresses."""
+    if args.host:
+        return [i for i, e in enumerate(endpoints) if _same_host(_host_of(e), args.host)]
+    local = hosts.local_addresses()
+    return [i for i, e in enumerate(endpoints) if hosts.is_this_host(_host_of(e), local)]
 
 
 # -- process management --------------------------------------------------------------
@@ -377,17 +429,20 @@ def _run_ps_attempt(
 ) -> int:
     """Runs every process of the job once; returns the job's status after
     stopping every one of them."""
+    own_servers, own_workers = _on_this_host(args, servers), _on_this_host(args, workers)
     children: list[_Child] = []
     try:
-        for index, endpoint in enumerate(servers):
-            ip, _, port = endpoint.rpartition(":")
+        for index in own_servers:
+            ip, _, port = servers[index].rpartition(":")
             env = dict(common, TRAINING_ROLE="PSERVER", POD_IP=ip, PADDLE_PORT=port)
             log_path = os.path.join(args.log_dir, f"serverlog.{index}")
             children.append(_start(f"server {index}", command, env, log_path))
-        print(f"fleetrun: started {len(servers)} servers at {','.join(servers)}", flush=True)
+        mine = [servers[index] for index in own_servers]
+        print(f"fleetrun: started {len(mine)} servers at {','.join(mine)}", flush=True)
 
+        # Only this host's servers: the workers wait (bounded) for the others'.
         deadline = time.monotonic() + args.start_timeout
-        waiting = list(zip(servers, children, strict=True))
+        waiting = list(zip(mine, children, strict=True))
         while waiting:
             for child in children:
                 if child.process.poll() is not None:
@@ -401,15 +456,18 @@ def _run_ps_attempt(
             if waiting:
                 time.sleep(POLL_SECONDS)
 
-        for index, endpoint in enumerate(workers):
-            ip, _, port = endpoint.rpartition(":")
+        for index in own_workers:
+            ip, _, port = workers[index].rpartition(":")
             env = dict(common, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(index),
                        POD_IP=ip, PADDLE_PORT=port)
             log_path = os.path.join(args.log_dir, f"workerlog.{index}")
             children.append(_start(f"worker {index}", command, env, log_path))
-        print(f"fleetrun: started {len(workers)} workers; logs in {args.log_dir}/", flush=True)
+        print(f"fleetrun: started {len(own_workers)} workers; logs in {args.log_dir}/", flush=True)
 
-        worker_children = children[len(servers):]
+        worker_children = children[len(own_servers):]
+        # A host with servers only: its servers end the job, once every worker
+        # (on the other hosts) has called stop_worker().
+        finishers = worker_children or children
         while True:
             for child in children:
                 returncode = child.process.poll()
@@ -424,7 +482,7 @@ def _run_ps_attempt(
                     what += " before the workers finished"
                 _fail(child, what)
                 return returncode if 0 < returncode < 256 else 1
-            if all(child.process.poll() == 0 for child in worker_children):
+            if all(child.process.poll() == 0 for child in finishers):
                 print("fleetrun: all workers exited, stopping the servers", flush=True)
                 return 0
             time.sleep(POLL_SECONDS)
@@ -435,6 +493,11 @@ def _run_ps_attempt(
 def _run_collective(args: argparse.Namespace) -> int:
     if args.nproc_per_node < 1:
         raise SystemExit(f"fleetrun: --nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    if str(args.nnodes) != "1" and not args.master_port:
+        raise SystemExit(
+            f"fleetrun: --nnodes={args.nnodes} needs --master_port, the same on every host "
+            f"(a free port is only known on {args.master_addr})"
+        )
     port = args.master_port or _free_port(args.master_addr)
     command = [
         # torch.distributed.run, with its store listening on --master_addr only

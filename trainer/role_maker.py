@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from .job import hosts
 from .job.errors import RoleError
 from .job.keys import read_job_key
 from .job.role import ClusterRole, Role
@@ -165,13 +166,12 @@ class PaddleCloudRoleMaker(RoleMakerBase):
         if role_text == "PSERVER":
             port = _int_var(env, "PADDLE_PORT", minimum=1, maximum=65535)
             ip = _required(env, "POD_IP").strip()
-            endpoint = f"{ip}:{port}"
-            if endpoint not in servers:
+            index = _server_index(servers, ip, port)
+            if index is None:
                 raise RoleError(
-                    f"this server's endpoint POD_IP:PADDLE_PORT = {endpoint!r} is not in "
+                    f"this server's endpoint POD_IP:PADDLE_PORT = '{ip}:{port}' is not in "
                     f"PADDLE_PSERVERS_IP_PORT_LIST={servers_text!r}"
                 )
-            index = servers.index(endpoint)
             return ClusterRole(Role.SERVER, index, worker_num, servers, workers, job_secret=secret)
         raise RoleError(
             f"TRAINING_ROLE must be TRAINER or PSERVER, found {role_text!r}"
@@ -339,6 +339,20 @@ def _int_var(
         bounds = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
         raise RoleError(f"{name} must be an integer {bounds}, found {text!r}")
     return value
+
+
+def _server_index(servers: tuple[str, ...], ip: str, port: int) -> int | None:
+    """The index of the server at ``ip:port``: the same text (as Paddle), else
+    the same port on a host that resolves to ``ip``'s address (the list may
+    name the hosts where POD_IP gives the address, or the other way round)."""
+    if f"{ip}:{port}" in servers:
+        return servers.index(f"{ip}:{port}")
+    wanted = hosts.addresses_of(ip)
+    for index, endpoint in enumerate(servers):
+        host, _, own_port = endpoint.rpartition(":")
+        if int(own_port) == port and hosts.addresses_of(host) & wanted:
+            return index
+    return None
 
 
 def _endpoints(name: str, text: str) -> tuple[str, ...]:
