@@ -298,3 +298,11 @@ def test_a_worker_with_another_jobs_key_gets_no_answer(keyed_endpoint):
         assert time.monotonic() - started < 5
     finally:
         other.close()
+
+
+def test_the_job_key_never_appears_in_a_roles_repr():
+    from trainer.role import ClusterRole, Role
+
+    role = ClusterRole(Role.SERVER, 0, 1, ("127.0.0.1:1",), job_secret=KEY)
+    assert KEY not in repr(role) and KEY not in str(role)  # fleet.init logs the role
+    assert role.job_secret == KEY

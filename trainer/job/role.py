@@ -7,7 +7,7 @@ arguments; the fleet API and the parameter-server runtime only read this record.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class Role(enum.IntEnum):
@@ -43,7 +43,8 @@ class ClusterRole:
     worker_endpoints: tuple[str, ...] = ()
     is_collective: bool = False
     distributed: bool = True
-    job_secret: str | None = None
+    # Never in a repr: fleet.init logs the role, and logs are not secret.
+    job_secret: str | None = field(default=None, repr=False)
 
     @property
     def is_worker(self) -> bool:

@@ -295,6 +295,11 @@ class ServerEndpoint:
                     self._router.send_multipart(self._replies.recv_multipart(copy=False))
                 else:
                     event = recv_monitor_message(self._monitor)
+                    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                        # Closed before a greeting: a port probe (fleetrun's and the
+                        # workers' wait_for_port make them), not a refused peer.
+                        log.debug("%s: a connection closed before its handshake", self.name)
+                        continue
                     self._refusals.warn(
                         "%s refused a connection on %s: handshake failed (%s); a peer "
                         "without this job's key, or of another protocol", self.name,
