@@ -134,7 +134,7 @@ def test_an_outsider_without_the_key_runs_nothing_reads_nothing_and_is_logged(tm
     log = (tmp_path / "server0.log").read_text()
     # Refusals are logged, rate-limited (a retrying client must not flood the log).
     assert "refused a connection on 127.0.0.1" in log, log[-3000:]
-    assert "more refused since the last report" in log, log[-3000:]
+    assert log.count("refused a connection") <= 3, log[-3000:]
     result = json.loads((tmp_path / "result.0").read_text())
     assert result["auc"] > 0.78, result  # the job trained as usual (one worker)
 
