@@ -19,9 +19,11 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(EXAMPLES, "mlp_local"))
+# The repository root goes in first, so that mlp_local's train.py comes before
+# any train.py in the directory above examples/ (a user's own, next to it).
+sys.path.insert(0, os.path.dirname(EXAMPLES))
 sys.path.insert(0, os.path.join(EXAMPLES, "criteo"))
-sys.path.insert(0, os.path.dirname(EXAMPLES))  # the repository root
+sys.path.insert(0, os.path.join(EXAMPLES, "mlp_local"))
 
 from make_data import make_files
 from train import CtrMlp, make_dataset
