@@ -230,8 +230,29 @@ def _set_sum(shard: dict, index: int, value) -> None:
     shard["optimizer"]["state"][index]["sum"] = value
 
 
+def _edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
 ATTACKS = {
     # case: (file, how, the message to expect)
+    "sparse-shard-missing": (
+        "sparse.{t}.shard1.pt", lambda p: p.unlink(),
+        r"expected the files sparse\..*\.shard0\.pt to .*shard1\.pt \(meta.json: server_num 2\)",
+    ),
+    "sparse-shard-beyond-server-num": (
+        "sparse.{t}.shard1.pt",
+        lambda p: shutil.copy(p, p.with_name(p.name.replace("shard1", "shard2"))),
+        r"server_num 2\), found \[.*shard0.pt', .*shard1.pt', .*shard2.pt'\]",
+    ),
+    "dense-shard-missing": (
+        "dense.shard0.pt", lambda p: p.unlink(),
+        r"expected the files dense.shard0.pt to dense.shard1.pt .* found \['dense.shard1.pt'\]",
+    ),
+    "meta-server-num-huge": (
+        "meta.json", lambda p: _edit_json(p, server_num=10**12),
+        r"\(meta.json: server_num 1000000000000\)",
+    ),
     "sparse-truncated": (
         "sparse.{t}.shard1.pt", lambda p: p.write_bytes(p.read_bytes()[:300]),
         r"shard1.pt: expected a torch.save file of tensors",
@@ -405,18 +426,28 @@ def reshard_main(config: dict) -> None:
         runtime.run_server()
         return
     runtime.init_worker()
+    out = {}
+    if config.get("bad"):  # refused by every server: then saved as they are
+        try:
+            runtime.load_persistables(config["bad"])
+        except CheckpointError as error:
+            out["refused"] = str(error)
+        runtime.save_persistables(config["bad"] + ".after")
     runtime.load_persistables(config["load"])
     runtime.save_persistables(config["save"])
-    out = {"auc": auc(model, batches(-1, 2000))}
+    out["auc"] = auc(model, batches(-1, 2000))
     runtime.stop_worker()
     Path(config["out"]).write_text(json.dumps(out))
 
 
-def run_reshard_job(tmp: Path, mode: str, servers: int, load: Path, save: Path) -> dict:
+def run_reshard_job(
+    tmp: Path, mode: str, servers: int, load: Path, save: Path, bad: Path | None = None
+) -> dict:
     """Starts ``servers`` servers and one worker of reshard_main; its result."""
     with reserved_ports(servers) as ports:
         base = {"servers": [f"127.0.0.1:{p}" for p in ports], "mode": mode,
-                "load": str(load), "save": str(save), "out": str(tmp / "result")}
+                "load": str(load), "save": str(save), "out": str(tmp / "result"),
+                "bad": bad and str(bad)}
         roles = [("server", i) for i in range(servers)] + [("worker", 0)]
         procs = []
         for role, index in roles:
@@ -465,12 +496,21 @@ def checkpoint_contents(ckpt: Path) -> dict:
 @pytest.mark.distributed
 def test_a_checkpoint_reshards_between_jobs(jobs, tmp_path):
     """2 servers -> 3 (async) -> 1 (sync), each job loading the last one's
-    checkpoint and saving it again; and into a local model."""
+    checkpoint and saving it again; and into a local model. The 3-server job
+    first tries a copy with one bad shard: every server refuses it, none changes."""
     first = jobs["async", 2]
-    three, one = tmp_path / "three", tmp_path / "one"
+    three, one, bad = tmp_path / "three", tmp_path / "one", tmp_path / "bad"
     (tmp_path / "j3").mkdir()
     (tmp_path / "j1").mkdir()
-    on_three = run_reshard_job(tmp_path / "j3", "async", 3, first["ckpt"], three)
+    shutil.copytree(first["ckpt"], bad)
+    wide = bad / "sparse.ps_wide.shard1.pt"  # after ps_emb's good shards
+    wide.write_bytes(wide.read_bytes()[:300])
+    on_three = run_reshard_job(tmp_path / "j3", "async", 3, first["ckpt"], three, bad=bad)
+    assert "sparse.ps_wide.shard1.pt: expected a torch.save file" in on_three["refused"]
+    untouched = checkpoint_contents(tmp_path / "bad.after")
+    assert untouched["rows"] == {}  # no server took a row
+    torch.manual_seed(1)
+    assert untouched["dense"] == {i: p.tolist() for i, p in enumerate(Model().parameters())}
     on_one = run_reshard_job(tmp_path / "j1", "sync", 1, three, one)
     original = checkpoint_contents(first["ckpt"])
     assert original["server_num"] == 2 and len(original["rows"]) == 800

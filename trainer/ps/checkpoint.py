@@ -171,13 +171,36 @@ def read_meta(dirname: str) -> dict[str, Any]:
     return meta
 
 
-def _sparse_paths(dirname: str, table: str) -> list[str]:
-    pattern = os.path.join(glob.escape(dirname), f"sparse.{glob.escape(table)}.shard*.pt")
-    return sorted(glob.glob(pattern))
+def _sparse_paths(dirname: str, table: str, meta: dict[str, Any]) -> list[str]:
+    return _shard_paths(dirname, f"sparse.{table}.shard", meta)
 
 
-def _dense_paths(dirname: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(glob.escape(dirname), "dense.shard*.pt")))
+def _dense_paths(dirname: str, meta: dict[str, Any]) -> list[str]:
+    return _shard_paths(dirname, "dense.shard", meta)
+
+
+def _shard_paths(dirname: str, prefix: str, meta: dict[str, Any]) -> list[str]:
+    """``<prefix><i>.pt`` for every server i of ``meta``'s server_num, in order.
+
+    Raises:
+        CheckpointError: a shard missing, or one beyond server_num (its rows
+            would be lost or taken from another checkpoint without a word).
+    """
+    pattern = os.path.join(glob.escape(dirname), f"{glob.escape(prefix)}*.pt")
+    found: dict[int, str] = {}
+    for path in glob.glob(pattern):
+        number = os.path.basename(path)[len(prefix):-len(".pt")]
+        if number.isdigit() and number.isascii():  # not another table's file
+            found[int(number)] = path
+    server_num = meta["server_num"]
+    if len(found) != server_num or not all(i in found for i in range(server_num)):
+        raise CheckpointError(
+            f"checkpoint {dirname!r}: expected the files {prefix}0.pt to "
+            f"{prefix}{server_num - 1}.pt (meta.json: server_num {server_num}), found "
+            f"{shown(sorted(os.path.basename(p) for p in found.values()))}",
+            path=dirname,
+        )
+    return [found[i] for i in range(server_num)]
 
 
 def read_tables(
@@ -205,7 +228,7 @@ def read_tables(
                 f"the model's table has dim {table.dim}",
                 path=dirname,
             )
-        for path in _sparse_paths(dirname, name):
+        for path in _sparse_paths(dirname, name, meta):
             shard = load_file(path)
             table.check_state_dict(shard, where=path)
             out.append((table, shard))
@@ -225,7 +248,7 @@ def dense_values(dirname: str, meta: dict[str, Any] | None = None) -> dict[int, 
     shapes = [list(s) for s in meta["dense"]]
     out: dict[int, torch.Tensor] = {}
     found_in: dict[int, str] = {}
-    for path in _dense_paths(dirname):
+    for path in _dense_paths(dirname, meta):
         shard = load_file(path)
         for index, value in _dense_entries(shard, path, shapes):
             if index in found_in:
@@ -310,7 +333,7 @@ def dense_optimizer_state(
     shapes = [list(s) for s in meta["dense"]]
     merged: dict[int, Any] = {}
     groups: list[dict[str, Any]] | None = None
-    for path in _dense_paths(dirname):
+    for path in _dense_paths(dirname, meta):
         shard = load_file(path)
         saved = shard.get("optimizer") if isinstance(shard, dict) else None
         if saved is None:

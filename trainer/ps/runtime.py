@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..job import restart
-from ..job.errors import TrainerError
+from ..job.errors import CheckpointError, ServerCallError, TrainerError
 from ..job.keys import require_key_or_insecure
 from ..job.role import ClusterRole
 from ..job.strategy import parameter_server_mode
@@ -367,7 +367,14 @@ class ParameterServerRuntime:
             return
         servers = self._connected()
         self.training.settle()
-        servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers))
+        try:
+            servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers))
+        except ServerCallError as error:
+            # Every server reads and checks every file before it changes
+            # anything: a refused checkpoint is refused by all, and none changed.
+            if error.remote_type != "CheckpointError":
+                raise
+            raise CheckpointError(str(error), path=dirname) from error
         copy_dense(self.params, servers.call_all(handlers.pull_dense))
         self.training.reloaded()
 
