@@ -211,7 +211,8 @@ def read_tables(
 
     Raises:
         CheckpointError: a table of the model is not in the checkpoint, or has
-            another ``dim`` there; a shard file is malformed.
+            another ``dim`` there; a shard file is malformed, missing, or
+            beyond ``meta.json``'s server_num.
     """
     saved = meta["tables"]
     out = []
