@@ -17,10 +17,23 @@ import torch
 from torch import nn
 
 from .ps import sparse
+from .ps.entries import (
+    CountFilterEntry,
+    CtrAccessorParam,
+    EntryAttr,
+    ProbabilityEntry,
+    ShowClickEntry,
+)
 from .ps.optim import OptimizerSpec
 from .ps.sparse import DEFAULT_INIT_SCALE, TableConfig
 
-__all__ = ["SparseEmbedding"]
+__all__ = [
+    "CountFilterEntry",
+    "CtrAccessorParam",
+    "ProbabilityEntry",
+    "ShowClickEntry",
+    "SparseEmbedding",
+]
 
 
 class SparseEmbedding(nn.Module):
@@ -39,6 +52,15 @@ class SparseEmbedding(nn.Module):
         init_scale: a new row is uniform in ``[-init_scale, init_scale)``.
         seed: with the table name and the id, determines a new row's values, so
             every process and server agrees on them.
+        entry: the admission rule: ``CountFilterEntry(n)``,
+            ``ProbabilityEntry(p)`` or ``ShowClickEntry(show, click)``; None:
+            every id gets a row at its first training pull. Until admitted an
+            id reads as zeros and its gradients are dropped.
+        accessor: when ``fleet.shrink()`` drops rows (``CtrAccessorParam``:
+            unseen for more than ``delete_after_unseen_days`` passes, or a
+            decayed show/click score under ``delete_threshold``).
+        max_rows: the table's row budget (all servers together): past it the
+            least recently seen rows are evicted. None: no bound.
 
     Input: a ``datafeed.Ragged`` (a sparse slot of a batch) -> ``[size, dim]``,
     pooled per record; or an int64 tensor of ids -> ``ids.shape + (dim,)``.
@@ -47,6 +69,10 @@ class SparseEmbedding(nn.Module):
     rows it has not seen and records them so that the distributed optimizer's
     ``step()`` pushes their gradients. In eval mode unseen ids read as their
     initial values and nothing is created.
+
+    ``forward(x, click=labels)`` (a training forward, one label per record of
+    ``x``) also counts, per id, the batches in which a clicked record held it
+    (the rows' click statistics; see ``docs/table_lifecycle.md``).
     """
 
     def __init__(
@@ -58,6 +84,9 @@ class SparseEmbedding(nn.Module):
         optimizer: Mapping[str, Any] | None = None,
         init_scale: float = DEFAULT_INIT_SCALE,
         seed: int = 0,
+        entry: EntryAttr | None = None,
+        accessor: CtrAccessorParam | None = None,
+        max_rows: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(dim, int) or dim < 1:
@@ -68,11 +97,29 @@ class SparseEmbedding(nn.Module):
             raise ValueError(f"SparseEmbedding mode must be 'sum' or 'mean', got {mode!r}")
         if optimizer is not None:  # fail now, not on the first push
             OptimizerSpec.from_config(optimizer)
+        if entry is not None and not isinstance(entry, EntryAttr):
+            raise TypeError(
+                f"SparseEmbedding '{name}': entry must be a CountFilterEntry, ProbabilityEntry "
+                f"or ShowClickEntry, got {type(entry).__name__}"
+            )
+        if accessor is not None and not isinstance(accessor, CtrAccessorParam):
+            raise TypeError(
+                f"SparseEmbedding '{name}': accessor must be a CtrAccessorParam, got "
+                f"{type(accessor).__name__}"
+            )
+        if max_rows is not None and (
+            not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1
+        ):
+            raise ValueError(
+                f"SparseEmbedding '{name}': max_rows must be None or an int >= 1, got {max_rows!r}"
+            )
         self.dim = dim
         self.name = name
         self.mode = mode
         self.config = TableConfig(
-            name, dim, int(seed), float(init_scale), None if optimizer is None else dict(optimizer)
+            name, dim, int(seed), float(init_scale),
+            None if optimizer is None else dict(optimizer),
+            entry, accessor or CtrAccessorParam(), max_rows,
         )
         sparse.register(self, self.config)
 
@@ -80,8 +127,11 @@ class SparseEmbedding(nn.Module):
         """The dimension, table name and pooling mode, for ``repr(module)``."""
         return f"dim={self.dim}, name={self.name!r}, mode={self.mode!r}"
 
-    def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows of the distinct ids and each id's position among them."""
+    def _rows(
+        self, ids: torch.Tensor, clicked: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of the distinct ids and each id's position among them;
+        ``clicked`` (bool per id of ``ids``) adds to the rows' click counts."""
         if ids.dtype not in (torch.int64, torch.uint64):
             raise TypeError(
                 f"SparseEmbedding '{self.name}' expects int64 feature ids, got {ids.dtype}"
@@ -94,13 +144,23 @@ class SparseEmbedding(nn.Module):
         if training:
             rows.requires_grad_(True)
             sparse.record(self.name, unique, rows)
+            if clicked is not None:
+                # One click per id per batch at most, as show counts one per batch.
+                per_id = torch.zeros(unique.shape[0], dtype=torch.float32)
+                per_id[inverse.reshape(-1)[clicked.reshape(-1)]] = 1.0
+                sparse.add_clicks(self.config, unique, per_id)
         return rows, inverse
 
-    def forward(self, x: Any) -> torch.Tensor:
+    def forward(self, x: Any, click: torch.Tensor | None = None) -> torch.Tensor:
         """The rows of the ids in ``x``: a ``Ragged`` gives each record's rows
-        pooled (``[size, dim]``), an int64 tensor ``x.shape + (dim,)``."""
+        pooled (``[size, dim]``), an int64 tensor ``x.shape + (dim,)``.
+        ``click``: one label per record (> 0: clicked), for the click statistics."""
         if isinstance(x, torch.Tensor):
-            rows, inverse = self._rows(x)
+            clicked = None
+            if click is not None:
+                labels = _labels(click, x.shape[0] if x.dim() else 1, self.name)
+                clicked = labels.reshape(-1, *([1] * max(x.dim() - 1, 0))).expand(x.shape)
+            rows, inverse = self._rows(x, clicked)
             return rows.index_select(0, inverse).view(*x.shape, self.dim)
         values, offsets = getattr(x, "values", None), getattr(x, "offsets", None)
         if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
@@ -108,8 +168,24 @@ class SparseEmbedding(nn.Module):
                 f"SparseEmbedding '{self.name}' expects a Ragged (values, offsets) or "
                 f"an int64 tensor, got {type(x).__name__}"
             )
-        rows, inverse = self._rows(values)
+        clicked = None
+        if click is not None:
+            lengths = offsets.to(torch.int64).diff()
+            labels = _labels(click, lengths.shape[0], self.name)
+            clicked = torch.repeat_interleave(labels, lengths, output_size=values.shape[0])
+        rows, inverse = self._rows(values, clicked)
         return _pool(rows, inverse, offsets.to(torch.int64), self.mode)
+
+
+def _labels(click: Any, records: int, name: str) -> torch.Tensor:
+    """``click`` as one bool per record (> 0: clicked)."""
+    labels = torch.as_tensor(click).detach().reshape(-1)
+    if labels.shape[0] != records:
+        raise ValueError(
+            f"SparseEmbedding '{name}': expected one click label per record ({records}), "
+            f"got {labels.shape[0]}"
+        )
+    return labels.cpu() > 0
 
 
 def _pool(

@@ -11,6 +11,15 @@
 * ``adagrad_rows`` / ``sgd_rows``: torch's Adagrad / SGD update applied in
   place to a table's rows, without gathering rows and state into copies and
   scattering them back.
+* ``touch_rows``: a training pull's per-row statistics (show count, last-seen
+  tick, changed-since-save flag) in one pass.
+
+Rows are removed by a rebuild (``IdIndex.rebuild``), not by tombstones: a table
+drops rows in bulk (``shrink``, or a budget's eviction of a sixteenth of its
+rows at a time) and compacts its row arrays then anyway, since rows are
+numbered densely; rebuilding the index from the kept ids costs one insert per
+kept row (about 40 ms per million rows), and leaves probe chains as short as a
+fresh index's, where tombstones would lengthen them until the next rebuild.
 
 Every function takes numpy arrays and releases the GIL for its loop, so RPC
 handler threads and Hogwild trainer threads run them in parallel.
@@ -19,7 +28,7 @@ handler threads and Hogwild trainer threads run them in parallel.
 import numpy as np
 
 from libc.math cimport sqrtf
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 _MIN_CAPACITY = 1024
 
@@ -113,6 +122,18 @@ cdef class IdIndex:
     def insert_new(self, ids):
         """Adds ids known to be absent; returns their row numbers."""
         return self.lookup_or_insert(ids)
+
+    def rebuild(self, ids):
+        """Replaces the index by one of ``ids`` (distinct), numbered 0, 1, 2,
+        ... in their order: how a table drops rows and renumbers the rest."""
+        ids = _as_u64(ids)
+        capacity = _MIN_CAPACITY
+        while 2 * ids.shape[0] > capacity:
+            capacity *= 2
+        self._allocate(capacity)
+        self.size = 0
+        if ids.shape[0]:
+            self.lookup_or_insert(ids)
 
     def _grow(self, int64_t needed):
         cdef int64_t capacity = self.capacity
@@ -208,6 +229,28 @@ def sgd_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads, floa
                 if weight_decay != 0:
                     g = g + weight_decay * weights[row, j]
                 weights[row, j] -= lr * g
+
+
+def touch_rows(float[::1] show, uint32_t[::1] last_tick, uint8_t[::1] changed,
+               int64_t[::1] rows, uint32_t tick):
+    """A training pull of ``rows`` (-1: absent, skipped): each row's show count
+    goes up by one, its last-seen tick becomes ``tick`` and it is flagged
+    changed since the last save."""
+    cdef Py_ssize_t i
+    cdef int64_t row
+    cdef int64_t allocated = show.shape[0]
+    if last_tick.shape[0] < allocated or changed.shape[0] < allocated:
+        raise ValueError("touch_rows: the statistics arrays differ in length")
+    for i in range(rows.shape[0]):
+        if rows[i] >= allocated:
+            raise IndexError(f"row {rows[i]} outside the table's {allocated} rows")
+    with nogil:
+        for i in range(rows.shape[0]):
+            row = rows[i]
+            if row >= 0:
+                show[row] += 1
+                last_tick[row] = tick
+                changed[row] = 1
 
 
 cdef _check_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads):

@@ -28,11 +28,12 @@ import numpy as np
 import torch
 
 from ._rows import unique_inverse
+from .entries import CtrAccessorParam, EntryAttr
 from .optim import OptimizerSpec
 from .table import SparseTable, as_u64
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,21 @@ DEFAULT_INIT_SCALE = 0.01
 
 @dataclass(frozen=True)
 class TableConfig:
-    """What every process must agree on about one sparse table."""
+    """What every process must agree on about one sparse table.
+
+    ``entry``, ``accessor`` and ``max_rows``: the table's lifecycle
+    (``trainer.ps.entries``; ``max_rows`` is the whole table's budget, split
+    evenly among the servers).
+    """
 
     name: str
     dim: int
     seed: int
     init_scale: float
     optimizer: Mapping[str, Any] | None  # the table's own override, if any
+    entry: EntryAttr | None = None
+    accessor: CtrAccessorParam = CtrAccessorParam()
+    max_rows: int | None = None
 
     def spec(self, default: OptimizerSpec | None) -> OptimizerSpec:
         """The table's optimizer: its override, else ``default``, else SGD(lr=0.01)."""
@@ -57,9 +66,26 @@ class TableConfig:
             return default
         return OptimizerSpec("sgd", {"lr": 0.01})
 
-    def make_table(self, default: OptimizerSpec | None) -> SparseTable:
-        """An empty table with these settings (``default``: see ``spec``)."""
-        return SparseTable(self.name, self.dim, self.spec(default), self.seed, self.init_scale)
+    def make_table(
+        self, default: OptimizerSpec | None, shards: int = 1, lifecycle: bool = True
+    ) -> SparseTable:
+        """An empty table (or one of ``shards`` servers' shards) with these
+        settings (``default``: see ``spec``). ``lifecycle=False``: without
+        the entry and the budget (a GEO worker's local copy: the servers admit
+        and evict)."""
+        budget = None
+        if lifecycle and self.max_rows is not None:
+            budget = -(-self.max_rows // max(1, shards))
+        return SparseTable(
+            self.name, self.dim, self.spec(default), self.seed, self.init_scale,
+            entry=self.entry if lifecycle else None, accessor=self.accessor, max_rows=budget,
+        )
+
+    def same_table(self, table: SparseTable) -> bool:
+        """Whether ``table`` was made from settings equal to these (local mode)."""
+        return (table.dim, table.seed, table.init_scale, table.entry, table.accessor) == (
+            self.dim, self.seed, self.init_scale, self.entry, self.accessor
+        ) and table.max_rows == self.max_rows
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as plain JSON values (a checkpoint's ``meta.json``)."""
@@ -69,6 +95,9 @@ class TableConfig:
             "seed": self.seed,
             "init_scale": self.init_scale,
             "optimizer": None if self.optimizer is None else dict(self.optimizer),
+            "entry": None if self.entry is None else self.entry._to_attr(),
+            "accessor": self.accessor.as_dict(),
+            "max_rows": self.max_rows,
         }
 
 
@@ -168,9 +197,7 @@ class LocalStore:
         with self._lock:
             table = self.tables.get(config.name)
             # A table left by a module that no longer exists, with other settings.
-            if table is not None and (table.dim, table.seed, table.init_scale) != (
-                config.dim, config.seed, config.init_scale
-            ):
+            if table is not None and not config.same_table(table):
                 table = None
             if table is None:
                 table = config.make_table(self.default_optimizer)
@@ -219,6 +246,28 @@ def install_store(store: RowStore | None) -> None:
 def current_store() -> RowStore:
     """The store every SparseEmbedding pulls from now."""
     return _store
+
+
+# Where click statistics go: the local tables unless a PS worker installed
+# its sender (``install_click_sink``): name, distinct ids, clicks per id.
+_click_sink: Callable[[str, np.ndarray, np.ndarray], None] | None = None
+
+
+def install_click_sink(sink: Callable[[str, np.ndarray, np.ndarray], None] | None) -> None:
+    """Sends ``add_clicks`` to ``sink`` (a PS worker's servers); None: local tables."""
+    global _click_sink
+    _click_sink = sink
+
+
+def add_clicks(config: TableConfig, ids: torch.Tensor, clicks: torch.Tensor) -> None:
+    """Adds ``clicks`` (float32 per distinct id) to the click counts of the
+    rows of ``ids`` in ``config``'s table, wherever it lives."""
+    u64 = as_u64(ids)
+    values = clicks.detach().to(torch.float32).numpy()
+    if _click_sink is not None:
+        _click_sink(config.name, u64, values)
+    else:
+        _local_store.table(config).add_clicks(u64, values)
 
 
 # -- pending pulls (per thread) ---------------------------------------------

@@ -11,12 +11,29 @@ A row that was never written holds its initial value, a pure function of the
 table's seed and the id (``init_rows``), so every process and every server agrees
 on it without talking to the others, and a read-only lookup (evaluation) needs
 not create the row.
+
+Lifecycle (``docs/table_lifecycle.md``). Each row has statistics beside its
+weights: ``show`` (training pulls that included it: one per batch, per worker),
+``click`` (batches in which a record holding it was clicked, when the forward
+is given the click slot), its last-seen tick (a counter of training pulls,
+mapped to passes by ``set_pass``) and a changed-since-last-save flag. A table
+with an ``entry`` (``entries``) creates a row only once the entry admits the
+id; ``shrink`` drops rows by the ``CtrAccessorParam`` rule; a table with
+``max_rows`` evicts its least recently seen rows instead of growing past it.
+Dropping rows renumbers the rest: the row-number methods (``rows``,
+``read_rows``, ...) are for tables that never drop rows (GEO's local copies).
+
+Changes since the last save, for a delta save: ``changed_rows()`` (rows pulled
+or written since ``mark_saved()``; the flag is one byte per row) and
+``dropped_ids()`` (ids shrunk or evicted since, recorded only between a first
+``mark_saved()`` and the next, so a table that is never saved keeps no list).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-import zlib
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,60 +42,23 @@ import torch
 
 from ..job.errors import CheckpointError
 from ._rows import IdIndex, adagrad_rows, sgd_rows
+from .describe import is_float_rows, is_int, shown
+from .entries import CtrAccessorParam, EntryAttr
+from .ids import as_u64, init_rows, mix64, shard_of, table_seed
 from .optim import OptimizerSpec
+from .rowstats import RowStats
 
-__all__ = ["IdIndex", "SparseTable", "as_u64", "init_rows", "mix64", "shard_of", "shown"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "IdIndex", "SparseTable", "as_u64", "init_rows", "mix64", "shard_of", "shown", "table_seed"
+]
 
 _U64 = np.uint64
-_GOLDEN = _U64(0x9E3779B97F4A7C15)
-_MIX1 = _U64(0xBF58476D1CE4E5B9)
-_MIX2 = _U64(0x94D049BB133111EB)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser over a uint64 array (wrapping arithmetic)."""
-    x = x.astype(_U64, copy=True)
-    x ^= x >> _U64(30)
-    x *= _MIX1
-    x ^= x >> _U64(27)
-    x *= _MIX2
-    x ^= x >> _U64(31)
-    return x
-
-
-def as_u64(ids: np.ndarray | torch.Tensor) -> np.ndarray:
-    """The ids' 64 bits as a uint64 numpy array (int64 tensors carry uint64 ids)."""
-    if isinstance(ids, torch.Tensor):
-        ids = ids.detach().to("cpu").numpy()
-    ids = np.ascontiguousarray(ids)
-    if ids.dtype == np.uint64:
-        return ids.reshape(-1)
-    if ids.dtype != np.int64:
-        raise TypeError(f"feature ids must be int64 or uint64, got {ids.dtype}")
-    return ids.reshape(-1).view(_U64)
-
-
-def shard_of(ids: np.ndarray, shards: int) -> np.ndarray:
-    """The server (0..shards-1) that owns each id: a hash of the id mod ``shards``."""
-    if shards == 1:
-        return np.zeros(ids.shape[0], dtype=np.int64)
-    # Shift first: the low bits of mix64 also index the servers' hash tables.
-    return ((mix64(as_u64(ids) ^ _U64(0x5EED)) >> _U64(33)) % _U64(shards)).astype(np.int64)
-
-
-def table_seed(name: str, seed: int) -> np.uint64:
-    """A 64-bit seed for one table: the global seed mixed with the table's name."""
-    base = (int(seed) & 0xFFFFFFFF) << 32 | zlib.crc32(name.encode())
-    return mix64(np.array([base], dtype=_U64))[0]
-
-
-def init_rows(ids: np.ndarray, dim: int, seed: np.uint64, scale: float) -> np.ndarray:
-    """Initial rows for ``ids``: uniform in [-scale, scale), a function of (seed, id)."""
-    ids = as_u64(ids)
-    column = (np.arange(1, dim + 1, dtype=_U64) * _GOLDEN)[None, :]
-    bits = mix64((mix64(ids ^ seed)[:, None] + column).reshape(-1)).reshape(-1, dim)
-    unit = (bits >> _U64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
-    return (unit * np.float32(2 * scale) - np.float32(scale)).astype(np.float32)
+# A budget's eviction frees this fraction of the budget at once, so that the
+# index rebuild it costs is paid once per max_rows // 16 new rows.
+_EVICT_FRACTION = 16
+_BUDGET_LOG_SECONDS = 60.0
 
 
 class SparseTable:
@@ -93,6 +73,9 @@ class SparseTable:
         optimizer: how pushed gradients update rows.
         seed: the job's seed; initial rows are a function of (seed, name, id).
         init_scale: initial rows are uniform in [-init_scale, init_scale).
+        entry: the admission rule (None: every id at its first training pull).
+        accessor: when ``shrink`` drops rows (default ``CtrAccessorParam()``).
+        max_rows: the most rows this table (shard) holds; None: no bound.
     """
 
     def __init__(
@@ -102,14 +85,23 @@ class SparseTable:
         optimizer: OptimizerSpec,
         seed: int = 0,
         init_scale: float = 0.01,
+        *,
+        entry: EntryAttr | None = None,
+        accessor: CtrAccessorParam | None = None,
+        max_rows: int | None = None,
     ) -> None:
         if dim < 1:
             raise ValueError(f"table '{name}': dim must be >= 1, got {dim}")
+        if max_rows is not None and (isinstance(max_rows, bool) or max_rows < 1):
+            raise ValueError(f"table '{name}': max_rows must be None or >= 1, got {max_rows!r}")
         self.name = name
         self.dim = int(dim)
         self.optimizer = optimizer
         self.seed = int(seed)
         self.init_scale = float(init_scale)
+        self.entry = entry
+        self.accessor = accessor or CtrAccessorParam()
+        self.max_rows = None if max_rows is None else int(max_rows)
         self._seed64 = table_seed(name, seed)
         self._index = IdIndex()
         self._lock = threading.Lock()
@@ -118,6 +110,9 @@ class SparseTable:
             key: np.zeros((0, *shape(self.dim)), dtype=dtype)
             for key, (shape, dtype) in optimizer.state_layout().items()
         }
+        self._stats = RowStats()  # aligned with the rows
+        self.evicted = 0  # rows evicted by the budget, in all
+        self._budget_logged = (0.0, 0)
 
     def __len__(self) -> int:
         return self._index.size
@@ -134,24 +129,32 @@ class SparseTable:
                 self._state[key] = array
 
     def init_rows(self, ids: np.ndarray) -> np.ndarray:
+        """The initial values of ``ids``' rows (a function of the seed and the id)."""
         return init_rows(ids, self.dim, self._seed64, self.init_scale)
 
     # -- rows ---------------------------------------------------------------
+
+    def _arrays(self) -> list[np.ndarray]:
+        return [self._weights, *self._state.values(), *self._stats.arrays()]
+
+    def _set_arrays(self, arrays: list[np.ndarray]) -> None:
+        self._weights = arrays[0]
+        for key, array in zip(list(self._state), arrays[1:-4], strict=True):
+            self._state[key] = array
+        self._stats.set_arrays(arrays[-4:])
 
     def _reserve(self, rows: int) -> None:
         allocated = self._weights.shape[0]
         if rows <= allocated:
             return
         new = max(rows, 2 * allocated, 1024)
-        self._weights = _grown(self._weights, new)
-        for key, array in self._state.items():
-            self._state[key] = _grown(array, new)
+        if self.max_rows is not None:
+            new = max(rows, min(new, self.max_rows))
+        self._set_arrays([_grown(array, new) for array in self._arrays()])
 
-    def _rows_for(self, ids: np.ndarray, create: bool) -> np.ndarray:
-        """Row numbers of distinct ``ids``, creating missing rows when asked
-        (else -1 where missing). Caller holds the lock."""
-        if not create:
-            return self._index.lookup(ids)
+    def _insert(self, ids: np.ndarray) -> np.ndarray:
+        """Row numbers of distinct ``ids``, adding missing rows at their initial
+        value with fresh statistics (no admission, no budget). Caller holds the lock."""
         before = self._index.size
         rows = self._index.lookup_or_insert(ids)
         if self._index.size > before:
@@ -161,10 +164,186 @@ class SparseTable:
             self._weights[new_rows] = self.init_rows(ids[new])
             for key in self.optimizer.state_layout():
                 self._state[key][new_rows] = self.optimizer.initial_state(key)
+            self._stats.created(new_rows)
         return rows
 
+    def _rows_for(self, ids: np.ndarray, create: bool) -> np.ndarray:
+        """Row numbers of distinct ``ids``, creating missing rows when asked
+        (else -1 where missing). Caller holds the lock."""
+        if not create:
+            return self._index.lookup(ids)
+        return self._insert(ids)
+
+    def _seen(self, ids: np.ndarray) -> np.ndarray:
+        """A training pull of distinct ``ids``: admits and creates what its
+        rule lets in (evicting for the budget), counts the statistics; returns
+        the row numbers, -1 for ids not admitted. Caller holds the lock."""
+        stats = self._stats
+        tick = stats.next_tick(self._index.size)
+        rows = self._index.lookup(ids)
+        missing = np.flatnonzero(rows < 0)
+        if missing.size:
+            new_ids = ids[missing]
+            sightings = None
+            if self.entry is not None:
+                counts = stats.pending.sight(new_ids, tick)
+                admit = self.entry.admits(new_ids, counts, self._seed64)
+                missing, new_ids, sightings = missing[admit], new_ids[admit], counts[admit]
+                stats.pending.admitted(new_ids)
+                if self.max_rows is not None and len(stats.pending) > self.max_rows:
+                    # Ids waiting for admission are bounded by the row budget too.
+                    stats.pending.drop(0, oldest=len(stats.pending) - self.max_rows)
+            if new_ids.size:
+                # Rows pulled now are the most recent: mark them before any eviction.
+                stats.touch(rows, tick)
+                if self._make_room(new_ids.shape[0], tick):
+                    rows = self._index.lookup(ids)  # renumbered
+                created = self._insert(new_ids)
+                rows[missing] = created
+                if sightings is not None:  # earlier sightings count as shows
+                    stats.show[created] = sightings - 1
+                stats.touch(created, tick)
+                return rows
+        stats.touch(rows, tick)
+        return rows
+
+    def _make_room(self, new: int, tick: int) -> bool:
+        """Evicts least recently seen rows so that ``new`` rows fit the budget;
+        whether any row was evicted (the rest are renumbered)."""
+        if self.max_rows is None or self._index.size + new <= self.max_rows:
+            return False
+        n = self._index.size
+        excess = n + new - self.max_rows
+        # Not the rows this pull saw; a sixteenth of the budget more, so that
+        # the rebuild is not paid on every pull.
+        last = self._stats.last
+        candidates = np.flatnonzero(last[:n] < tick)
+        evict = min(candidates.shape[0], excess + self.max_rows // _EVICT_FRACTION)
+        if evict <= 0:
+            return False
+        if evict < candidates.shape[0]:
+            chosen = np.argpartition(last[candidates], evict - 1)[:evict]
+            candidates = candidates[chosen]
+        keep = np.ones(n, dtype=bool)
+        keep[candidates] = False
+        self._keep_rows(keep)
+        self.evicted += evict
+        now = time.monotonic()
+        last_time, logged = self._budget_logged
+        if now - last_time >= _BUDGET_LOG_SECONDS:
+            log.info(
+                "table '%s': at its budget of %d rows; evicted %d least recently seen rows "
+                "(%d since the last such line, %d in all)",
+                self.name, self.max_rows, evict, self.evicted - logged, self.evicted,
+            )
+            self._budget_logged = (now, self.evicted)
+        return True
+
+    def _keep_rows(self, keep: np.ndarray) -> None:
+        """Drops the rows where ``keep`` is false and renumbers the rest in
+        order. Caller holds the lock."""
+        ids = self._index.ids_in_row_order()
+        self._stats.dropping(ids[~keep])
+        kept = np.flatnonzero(keep)
+        count = kept.shape[0]
+        allocated = self._weights.shape[0]
+        # Give memory back when the table shrank to a quarter of what it holds.
+        size = max(2 * count, 1024) if allocated > 4 * max(count, 1024) else allocated
+        arrays = []
+        for array in self._arrays():
+            out = array if size == allocated else np.zeros((size, *array.shape[1:]), array.dtype)
+            out[:count] = array[kept]
+            arrays.append(out)
+        self._set_arrays(arrays)
+        self._index.rebuild(ids[kept])
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def set_pass(self, pass_id: int) -> None:
+        """Starts pass (day) ``pass_id``: rows pulled from now on were seen in it.
+
+        Raises:
+            ValueError: ``pass_id`` is before the current pass.
+        """
+        with self._lock:
+            self._stats.clock.set_pass(pass_id, f"table '{self.name}'")
+
+    @property
+    def current_pass(self) -> int:
+        """The pass set last (0 before any ``set_pass``)."""
+        return self._stats.clock.current_pass
+
+    def shrink(self) -> tuple[int, int]:
+        """Paddle's shrink: decays show and click, drops the rows the accessor
+        rule selects (and pending ids unseen for as long); ``(dropped, kept)`` rows."""
+        with self._lock:
+            drop = self._stats.shrink_mask(self.accessor, self._index.size)
+            dropped = int(drop.sum())
+            if dropped:
+                self._keep_rows(~drop)
+            self._stats.drop_unseen_pending(self.accessor.delete_after_unseen_days)
+            return dropped, self._index.size
+
+    def add_clicks(self, ids: np.ndarray | torch.Tensor, clicks: np.ndarray) -> None:
+        """Adds ``clicks`` to the click counts of the rows of distinct ``ids``
+        (ids without a row are skipped: not admitted, or evicted)."""
+        ids = as_u64(ids)
+        clicks = np.asarray(clicks, dtype=np.float32).reshape(-1)
+        if clicks.shape[0] != ids.shape[0]:
+            raise ValueError(
+                f"table '{self.name}': expected {ids.shape[0]} clicks (one per id), "
+                f"got {clicks.shape[0]}"
+            )
+        with self._lock:
+            rows = self._index.lookup(ids)
+            present = rows >= 0
+            self._stats.click[rows[present]] += clicks[present]
+            self._stats.changed[rows[present]] = 1
+
+    def statistics(self, ids: np.ndarray | torch.Tensor) -> dict[str, np.ndarray]:
+        """Per id: ``show``, ``click``, ``unseen_passes`` (-1, 0, 0 where the
+        id has no row) and ``pending`` (sightings of an id waiting for admission)."""
+        ids = as_u64(ids)
+        with self._lock:
+            out = self._stats.of_rows(self._index.lookup(ids))
+            out["pending"] = self._stats.pending.counts(ids)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """``rows``, ``pending`` (ids waiting for admission), ``bytes`` (every
+        array and index this table holds, allocated), ``evicted`` (by the
+        budget, in all), ``max_rows`` (0: none) and ``pass``."""
+        with self._lock:
+            nbytes = sum(a.nbytes for a in self._arrays()) + 16 * self._index.capacity
+            return {
+                "rows": self._index.size,
+                "pending": len(self._stats.pending),
+                "bytes": int(nbytes + self._stats.pending.nbytes),
+                "evicted": self.evicted,
+                "max_rows": self.max_rows or 0,
+                "pass": self._stats.clock.current_pass,
+            }
+
+    def changed_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ids and row numbers of rows pulled or written since ``mark_saved``."""
+        with self._lock:
+            rows = np.flatnonzero(self._stats.changed[: self._index.size])
+            return self._index.ids_in_row_order()[rows], rows
+
+    def dropped_ids(self) -> np.ndarray:
+        """Ids shrunk or evicted since ``mark_saved`` (empty before the first)."""
+        with self._lock:
+            parts = self._stats.dropped or []
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=_U64)
+
+    def mark_saved(self) -> None:
+        """Every row is saved: clears the changed flags and the dropped ids,
+        and from now on records dropped ids."""
+        with self._lock:
+            self._stats.mark_saved(self._index.size)
+
     # -- by row number (a caller that looked ids up once, e.g. GEO's local
-    # tables, reuses the numbers: rows are never removed or renumbered) -------
+    # tables, reuses the numbers: valid while no row is dropped) -------------
 
     def rows(self, ids: np.ndarray | torch.Tensor, create: bool = True) -> np.ndarray:
         """Row numbers of distinct ``ids`` (-1 where absent and not created)."""
@@ -181,6 +360,7 @@ class SparseTable:
         """Overwrites the weights of existing ``rows`` (optimizer state unchanged)."""
         with self._lock:
             self._weights[rows] = values
+            self._stats.changed[rows] = 1
 
     def push_rows(self, rows: np.ndarray, grads: torch.Tensor | np.ndarray) -> None:
         """Applies the optimizer to existing, distinct ``rows`` with ``grads``."""
@@ -191,6 +371,7 @@ class SparseTable:
     def _apply(self, rows: np.ndarray, grad: np.ndarray) -> None:
         # Caller holds the lock; rows are distinct.
         kind, hyper = self.optimizer.kind, self.optimizer.hyper
+        self._stats.changed[rows] = 1
         if kind in ("sgd", "adagrad"):
             # In place, without gathering rows and state into copies.
             rows = np.ascontiguousarray(rows, dtype=np.int64)
@@ -209,37 +390,67 @@ class SparseTable:
         for key, value in state.items():
             self._state[key][rows] = value
 
+    @property
+    def _fixed(self) -> bool:
+        """Whether every id gets a row and none is dropped but by ``shrink``."""
+        return self.entry is None and self.max_rows is None
+
     def pull(self, ids: np.ndarray | torch.Tensor, create: bool = True) -> torch.Tensor:
         """The rows of distinct ``ids`` as a new float32 tensor [len(ids), dim].
 
-        With ``create=False`` absent rows read as their initial value and the
-        table is left unchanged (inference).
+        ``create=True`` (training) counts the pull in the rows' statistics and
+        creates the rows of ids the entry admits. With ``create=False`` the
+        table is left unchanged (inference). An id without a row reads as its
+        initial value, or as zeros in a table with an entry (not admitted yet).
         """
         ids = as_u64(ids)
         with self._lock:
-            rows = self._rows_for(ids, create)
+            rows = self._seen(ids) if create else self._index.lookup(ids)
             out = np.empty((ids.shape[0], self.dim), dtype=np.float32)
             present = rows >= 0
             out[present] = self._weights[rows[present]]
         if not present.all():
-            out[~present] = self.init_rows(ids[~present])
+            if self.entry is None:
+                out[~present] = self.init_rows(ids[~present])
+            else:
+                out[~present] = 0.0
         return torch.from_numpy(out)
 
     def push(self, ids: np.ndarray | torch.Tensor, grads: torch.Tensor) -> None:
-        """Applies the optimizer to the rows of distinct ``ids`` with ``grads``."""
+        """Applies the optimizer to the rows of distinct ``ids`` with ``grads``.
+
+        In a table with an entry or a budget the gradients of ids without a
+        row (not admitted, or evicted since their pull) are dropped; other
+        tables create the row.
+        """
         ids = as_u64(ids)
         grad = _as_f32(grads, ids.shape[0], self.dim, self.name)
         with self._lock:
-            self._apply(self._rows_for(ids, create=True), grad)
+            rows = self._rows_for(ids, create=self._fixed)
+            if not self._fixed:
+                present = rows >= 0
+                if not present.all():
+                    rows, grad = rows[present], grad[present]
+            self._apply(rows, grad)
 
     def add(self, ids: np.ndarray | torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
-        """Adds ``deltas`` to the rows of distinct ``ids`` (GEO); returns the new rows."""
+        """Adds ``deltas`` to the rows of distinct ``ids`` (GEO); returns the
+        new rows. A GEO sync counts as a training pull of its rows; ids not
+        admitted get nothing added and read as zeros."""
         ids = as_u64(ids)
         delta = _as_f32(deltas, ids.shape[0], self.dim, self.name)
         with self._lock:
-            rows = self._rows_for(ids, create=True)
-            self._weights[rows] += delta
-            out = self._weights[rows]
+            rows = self._seen(ids)
+            present = rows >= 0
+            if present.all():
+                self._weights[rows] += delta
+                out = self._weights[rows]
+            else:
+                kept = rows[present]
+                self._weights[kept] += delta[present]
+                out = np.zeros((ids.shape[0], self.dim), dtype=np.float32)
+                out[present] = self._weights[kept]
+            self._stats.changed[rows[present]] = 1
         return torch.from_numpy(out)
 
     # -- persistence --------------------------------------------------------
@@ -284,7 +495,7 @@ class SparseTable:
             if key not in state:
                 keys = shown(sorted(map(str, state)))
                 raise refuse(f"expected the key {key!r}, found keys {keys}")
-        if not _is_int(state["dim"]) or state["dim"] != self.dim:
+        if not is_int(state["dim"]) or state["dim"] != self.dim:
             raise refuse(
                 f"'dim': expected {self.dim} (table '{self.name}'), found {shown(state['dim'])}"
             )
@@ -293,9 +504,9 @@ class SparseTable:
             raise refuse(f"'ids': expected a 1-D int64 tensor, found {shown(ids)}")
         n = ids.shape[0]
         weights = state["weights"]
-        if _is_float_rows(weights, self.dim) and weights.shape[0] != n:
+        if is_float_rows(weights, self.dim) and weights.shape[0] != n:
             raise refuse(f"expected as many rows of 'weights' as ids ({n}), found {len(weights)}")
-        if not (_is_float_rows(weights, self.dim) and weights.shape[0] == n):
+        if not (is_float_rows(weights, self.dim) and weights.shape[0] == n):
             raise refuse(
                 f"'weights': expected a float tensor of shape [{n}, {self.dim}], "
                 f"found {shown(weights)}"
@@ -334,43 +545,12 @@ class SparseTable:
         if keep is not None:
             ids, weights = ids[keep], weights[keep]
         with self._lock:
-            rows = self._rows_for(ids, create=True)
+            rows = self._insert(ids)
             self._weights[rows] = weights
             if same_optimizer:
                 for key in self._state:
                     saved = state["state." + key].numpy()
                     self._state[key][rows] = saved[keep] if keep is not None else saved
-
-
-def shown(value: Any) -> str:
-    """A short description of ``value`` for an error message: a tensor's dtype
-    and shape, a bounded ``repr`` otherwise (a hand-edited file may hold huge
-    values; an int's repr over 4,300 digits raises)."""
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return f"a {value.dtype} {type(value).__name__} of shape {list(value.shape)}"
-    if _is_int(value) and value.bit_length() > 128:
-        return f"an int of {value.bit_length()} bits"
-    if value is None or isinstance(value, (bool, int, float, str)):
-        text = repr(value)
-        return text if len(text) <= 80 else text[:77] + "..."
-    if isinstance(value, (list, tuple)) and len(value) <= 8:
-        return "[" + ", ".join(shown(v) for v in value) + "]"
-    if isinstance(value, (list, tuple)):
-        return f"a list of {len(value)} items"
-    return f"a {type(value).__name__}"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_float_rows(value: Any, dim: int) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and value.is_floating_point()
-        and value.dim() == 2
-        and value.shape[1] == dim
-    )
 
 
 def _grown(array: np.ndarray, rows: int) -> np.ndarray:
