@@ -22,6 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from .fleet_tables import TableLifecycle
 from .job import restart
 from .job.errors import TrainerError
 from .job.role import ClusterRole
@@ -48,6 +49,7 @@ __all__ = [
     "server_endpoints",
     "server_index",
     "server_num",
+    "set_pass", "shrink", "table_stats",  # trainer/fleet_tables.py
     "stop_worker",
     "util",
     "worker_endpoints",
@@ -63,7 +65,7 @@ DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 DATASET_STATE_FILE = "dataset_state.json"
 
 
-class Fleet:
+class Fleet(TableLifecycle):
     """The state behind the module-level functions; one per process (``current()``)."""
 
     def __init__(self) -> None:
@@ -595,3 +597,4 @@ save_persistables = _FLEET.save_persistables
 load_persistables = _FLEET.load_persistables
 load_dataset_state = _FLEET.load_dataset_state
 worker_group = _FLEET.worker_group
+set_pass, shrink, table_stats = _FLEET.set_pass, _FLEET.shrink, _FLEET.table_stats

@@ -32,7 +32,7 @@ from ..job.errors import CheckpointError, ServerCallError, TrainerError
 from ..job.keys import require_key_or_insecure
 from ..job.role import ClusterRole
 from ..job.strategy import parameter_server_mode
-from . import checkpoint, sparse, transport
+from . import checkpoint, lifecycle, sparse, transport
 from . import server as handlers
 from .client import DistributedOptimizer, copy_dense, dense_params
 from .modes import LocalMode, TrainingMode, WorkerLink, distributed_mode
@@ -125,7 +125,10 @@ class ParameterServerRuntime:
         if not self.role.is_server:
             raise TrainerError(f"init_server() called in a {self.role.role.name} process")
         optimizer = self._require_optimizer("init_server()")
-        tables = {name: c.make_table(self.default_spec) for name, c in self.configs.items()}
+        tables = {
+            name: c.make_table(self.default_spec, shards=self.role.server_num)
+            for name, c in self.configs.items()
+        }
         dense_optimizer = optimizer if self.training.servers_run_optimizer else None
         self.server = ParameterServer(
             self.role.index, self.role.server_num, self.role.worker_num, self.mode,
@@ -213,8 +216,11 @@ class ParameterServerRuntime:
             servers.close()
             raise
         self.servers = servers
-        link = WorkerLink(role.index, self.servers, lambda c: c.make_table(self.default_spec))
+        link = WorkerLink(
+            role.index, self.servers, lambda c: c.make_table(self.default_spec, lifecycle=False)
+        )
         sparse.install_store(self.training.connect(link))
+        sparse.install_click_sink(lifecycle.ClickSender(self.servers, handlers.add_clicks))
         atexit.register(self._leave_at_exit)
         log.info(
             "worker %d connected to %d servers (%s mode)", role.index, role.server_num, self.mode
@@ -278,6 +284,7 @@ class ParameterServerRuntime:
             servers.call_all(handlers.worker_done, done, timeout=transport.start_timeout())
         finally:
             sparse.install_store(None)
+            sparse.install_click_sink(None)
             self.training.disconnect()
             self.servers = None
             servers.close()
@@ -288,6 +295,30 @@ class ParameterServerRuntime:
             return
         self.training.settle()
         self.servers.call(0, handlers.barrier, self.role.index, timeout=transport.start_timeout())
+
+    # -- table lifecycle (trainer.ps.lifecycle) ------------------------------------
+
+    def set_pass(self, pass_id: int) -> None:
+        """Starts pass ``pass_id`` in every table (every server)."""
+        if self.local:
+            sparse.local_store().set_pass(pass_id)
+            lifecycle.set_pass(sparse.local_store().tables, pass_id, "local")
+            return
+        self._connected().call_all(handlers.set_pass, [(pass_id,)] * len(self._connected()))
+
+    def shrink(self) -> dict[str, dict[str, int]]:
+        """Shrinks every table on every server: name -> {"dropped", "kept"} rows."""
+        if self.local:
+            return lifecycle.merge_shrinks([lifecycle.shrink(sparse.local_store().tables, "local")])
+        servers = self._connected()
+        self.training.flush()
+        return lifecycle.merge_shrinks(servers.call_all(handlers.shrink))
+
+    def table_stats(self) -> dict[str, dict[str, int]]:
+        """Rows, bytes, pending ids, ... per table, summed over the servers."""
+        if self.local:
+            return lifecycle.merge_stats([lifecycle.stats(sparse.local_store().tables)])
+        return lifecycle.merge_stats(self._connected().call_all(handlers.table_stats))
 
     # -- checkpoints -------------------------------------------------------------
 

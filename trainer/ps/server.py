@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, lifecycle
 from .placement import dense_owners
 from .table import SparseTable, as_u64, shard_of
 
@@ -359,10 +359,32 @@ def table_size(name: str) -> int:
     return len(_current().table(name))
 
 
+def set_pass(pass_id: int) -> None:
+    """Starts pass ``pass_id`` in every table of this server (logs their statistics)."""
+    server = _current()
+    lifecycle.set_pass(server.tables, pass_id, f"server {server.index}")
+
+
+def shrink() -> dict[str, list[int]]:
+    """Shrinks every table of this server: name -> [rows dropped, rows kept]."""
+    server = _current()
+    return lifecycle.shrink(server.tables, f"server {server.index}")
+
+
+def table_stats() -> dict[str, dict[str, int]]:
+    """Rows, pending ids, bytes, ... of every table of this server."""
+    return lifecycle.stats(_current().tables)
+
+
+def add_clicks(name: str, ids: torch.Tensor, clicks: torch.Tensor) -> None:
+    """Adds clicks to rows of table ``name`` (one per distinct id)."""
+    _current().table(name).add_clicks(ids, clicks.numpy())
+
+
 HANDLERS = {
     f.__name__: f
     for f in (describe, pull_tables, pull_dense, push, push_sync, geo_push, worker_done,
-              barrier, save, load, table_size)
+              barrier, save, load, table_size, set_pass, shrink, table_stats, add_clicks)
 }
 
 

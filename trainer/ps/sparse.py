@@ -191,6 +191,7 @@ class LocalStore:
         self._lock = threading.Lock()
         self.tables: dict[str, SparseTable] = {}
         self.default_optimizer: OptimizerSpec | None = None
+        self.pass_id = 0  # the pass a table created from now on starts in
 
     def table(self, config: TableConfig) -> SparseTable:
         """The table of ``config``, created (empty) on first use."""
@@ -201,6 +202,7 @@ class LocalStore:
                 table = None
             if table is None:
                 table = config.make_table(self.default_optimizer)
+                table.set_pass(self.pass_id)
                 self.tables[config.name] = table
             return table
 
@@ -212,6 +214,11 @@ class LocalStore:
                 config = _configs.get(name)
                 if config is None or config.optimizer is None:
                     table.set_optimizer(spec)
+
+    def set_pass(self, pass_id: int) -> None:
+        """The pass of tables created from now on (``fleet.set_pass``)."""
+        with self._lock:
+            self.pass_id = int(pass_id)
 
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
         """Rows of distinct ``ids``, created when ``training``."""

@@ -227,6 +227,10 @@ OPS: dict[str, tuple[Any, ...]] = {
     "save": ("str",),
     "load": ("str",),
     "table_size": ("str",),
+    "set_pass": ("int",),
+    "shrink": (),
+    "table_stats": (),
+    "add_clicks": ("str", _IDS, ("tensor", "float32", 1)),
 }
 
 

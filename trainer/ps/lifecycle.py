@@ -1,0 +1,111 @@
+"""The table lifecycle across a job: passes, shrink, statistics and clicks.
+
+What ``fleet.set_pass``, ``fleet.shrink`` and ``fleet.table_stats`` do, on the
+tables of this process (local mode, or a server's shards) and across the
+servers (a worker's view). The rules themselves are each table's
+(``SparseTable.set_pass``/``shrink``/``stats``, ``entries``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .table import SparseTable, shard_of
+
+if TYPE_CHECKING:
+    from .transport import ServerSet
+
+__all__ = [
+    "ClickSender",
+    "merge_shrinks",
+    "merge_stats",
+    "set_pass",
+    "shrink",
+    "stats",
+]
+
+log = logging.getLogger(__name__)
+
+
+def set_pass(tables: Mapping[str, SparseTable], pass_id: int, who: str) -> None:
+    """Starts pass ``pass_id`` in every table and logs each table's statistics."""
+    for table in tables.values():
+        table.set_pass(pass_id)
+    for name, numbers in stats(tables).items():
+        log.info(
+            "%s: pass %d, table '%s': %d rows, %d ids pending admission, %d bytes, "
+            "%d rows evicted by its budget in all",
+            who, pass_id, name, numbers["rows"], numbers["pending"], numbers["bytes"],
+            numbers["evicted"],
+        )
+
+
+def shrink(tables: Mapping[str, SparseTable], who: str) -> dict[str, list[int]]:
+    """Shrinks every table: name -> [rows dropped, rows kept]; logged."""
+    out = {}
+    for name, table in sorted(tables.items()):
+        dropped, kept = table.shrink()
+        out[name] = [dropped, kept]
+        log.info("%s: shrink of table '%s' dropped %d rows, kept %d", who, name, dropped, kept)
+    return out
+
+
+def stats(tables: Mapping[str, SparseTable]) -> dict[str, dict[str, int]]:
+    """Each table's ``SparseTable.stats()``, by name."""
+    return {name: table.stats() for name, table in sorted(tables.items())}
+
+
+def merge_shrinks(per_server: list[dict[str, list[int]]]) -> dict[str, dict[str, int]]:
+    """The servers' shrink results summed: name -> {"dropped", "kept"}."""
+    out: dict[str, dict[str, int]] = {}
+    for result in per_server:
+        for name, (dropped, kept) in result.items():
+            total = out.setdefault(name, {"dropped": 0, "kept": 0})
+            total["dropped"] += dropped
+            total["kept"] += kept
+    return out
+
+
+def merge_stats(per_server: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    """The servers' table statistics summed (``pass``: the latest of them),
+    with ``servers``: how many servers reported the table."""
+    out: dict[str, dict[str, int]] = {}
+    for result in per_server:
+        for name, numbers in result.items():
+            total = out.setdefault(name, {"servers": 0})
+            total["servers"] += 1
+            for key, value in numbers.items():
+                if key == "pass":
+                    total[key] = max(total.get(key, value), value)
+                else:
+                    total[key] = total.get(key, 0) + value
+    return out
+
+
+class ClickSender:
+    """Sends a worker's click statistics to the servers that own the ids
+    (``sparse.install_click_sink``); one round trip per server, waited for."""
+
+    def __init__(self, servers: ServerSet, add_clicks: Callable[..., None]) -> None:
+        self.servers = servers
+        self.add_clicks = add_clicks  # the servers' handler (server imports this module)
+
+    def __call__(self, name: str, ids: np.ndarray, clicks: np.ndarray) -> None:
+        """Adds ``clicks`` to the rows of distinct ``ids`` of table ``name``."""
+        owners = shard_of(ids, len(self.servers))
+        futures = []
+        for s in range(len(self.servers)):
+            positions = np.flatnonzero(owners == s)
+            if positions.size:
+                part = torch.from_numpy(np.ascontiguousarray(ids[positions]).view(np.int64))
+                values = torch.from_numpy(np.ascontiguousarray(clicks[positions]))
+                futures.append(
+                    (s, self.servers.call_async(s, self.add_clicks, name, part, values))
+                )
+        for s, future in futures:
+            self.servers.wait(s, future, "add_clicks")
