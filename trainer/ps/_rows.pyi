@@ -1,5 +1,7 @@
 import numpy as np
 
+ROW_STATS_DTYPE: np.dtype
+
 class IdIndex:
     size: int
     def __init__(self, capacity: int = ...) -> None: ...
@@ -20,10 +22,23 @@ def adagrad_rows(
     lr: float,
     eps: float,
     weight_decay: float,
+    records: np.ndarray | None = ...,
 ) -> None: ...
 def sgd_rows(
-    weights: np.ndarray, rows: np.ndarray, grads: np.ndarray, lr: float, weight_decay: float
+    weights: np.ndarray,
+    rows: np.ndarray,
+    grads: np.ndarray,
+    lr: float,
+    weight_decay: float,
+    records: np.ndarray | None = ...,
 ) -> None: ...
-def touch_rows(
-    show: np.ndarray, last_tick: np.ndarray, changed: np.ndarray, rows: np.ndarray, tick: int
-) -> None: ...
+def pull_rows(
+    index: IdIndex,
+    ids: np.ndarray,
+    weights: np.ndarray,
+    out: np.ndarray | None,
+    records: np.ndarray | None,
+    tick: int,
+) -> tuple[np.ndarray, int]: ...
+def touch_rows(records: np.ndarray, rows: np.ndarray, tick: int) -> None: ...
+def add_clicks_rows(records: np.ndarray, rows: np.ndarray, clicks: np.ndarray) -> None: ...

@@ -2,17 +2,23 @@
 """The per-batch hot loops of sparse tables, in C.
 
 * ``IdIndex``: open-addressing hash index (linear probing, load <= 1/2),
-  uint64 id -> row number (0, 1, 2, ... in order of insertion), keys and row
-  numbers in two numpy arrays (no Python object per id). One pass over a
-  batch finds or adds every id (``lookup_or_insert``); the vectorised numpy
-  version it replaces needed several passes and a sort per probe round.
+  uint64 id -> row number (0, 1, 2, ... in order of insertion), each slot's
+  key and row number side by side in one numpy array (no Python object per
+  id; a probe reads one cache line, not one in each of two arrays). One pass
+  over a batch finds or adds every id (``lookup_or_insert``); the vectorised
+  numpy version it replaces needed several passes and a sort per probe round.
 * ``unique_inverse``: a batch's distinct ids and each id's position among them,
   by hashing (O(n), first-appearance order) rather than numpy's sort.
 * ``adagrad_rows`` / ``sgd_rows``: torch's Adagrad / SGD update applied in
   place to a table's rows, without gathering rows and state into copies and
   scattering them back.
-* ``touch_rows``: a training pull's per-row statistics (show count, last-seen
-  tick, changed-since-save flag) in one pass.
+* ``pull_rows``: a pull's lookup, the copy of each row found and (training)
+  the update of its statistics, in one pass over the batch.
+* Per-row statistics are one 16-byte record per row (``ROW_STATS_DTYPE``:
+  show, click, last-seen tick, changed-since-save flag), so that counting a
+  pull writes one cache line per row rather than one in each of three
+  arrays; the loops that already touch a row (``pull_rows``, the optimizer
+  steps) update its record, and ``touch_rows`` does it for rows just created.
 
 Rows are removed by a rebuild (``IdIndex.rebuild``), not by tombstones: a table
 drops rows in bulk (``shrink``, or a budget's eviction of a sixteenth of its
@@ -29,8 +35,51 @@ import numpy as np
 
 from libc.math cimport sqrtf
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 _MIN_CAPACITY = 1024
+# How many ids ahead a batch loop prefetches the index slot of: probes of
+# random ids miss the cache, and a few in flight at once hide most of the wait.
+cdef enum:
+    _AHEAD = 8
+
+
+cdef extern from *:
+    void __builtin_prefetch(const void* address) noexcept nogil
+
+# One row's statistics. Aligned: 13 bytes of fields padded to 16, so that no
+# record straddles two cache lines.
+ROW_STATS_DTYPE = np.dtype(
+    [("show", np.float32), ("click", np.float32), ("last", np.uint32), ("changed", np.uint8)],
+    align=True,
+)
+
+
+ctypedef struct RowStat:
+    float show
+    float click
+    uint32_t last  # tick of the last training pull
+    uint8_t changed  # since the last save
+
+
+cdef RowStat* _records(object records, uint8_t[::1] raw) except? NULL:
+    """The records of ``records`` (a ROW_STATS_DTYPE array; ``raw``: its bytes,
+    which the caller keeps referenced); NULL when it is empty."""
+    if records.dtype != ROW_STATS_DTYPE or sizeof(RowStat) != ROW_STATS_DTYPE.itemsize:
+        raise TypeError(
+            f"expected per-row statistics of dtype {ROW_STATS_DTYPE}, got {records.dtype}"
+        )
+    if raw.shape[0] == 0:
+        return NULL
+    return <RowStat*>&raw[0]
+
+
+def _record_bytes(records):
+    if records is None:
+        return np.zeros(0, dtype=np.uint8)
+    if not (records.ndim == 1 and records.flags.c_contiguous):
+        raise ValueError("per-row statistics must be one contiguous 1-D array")
+    return records.view(np.uint8)
 
 
 cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
@@ -58,10 +107,11 @@ cdef class IdIndex:
     Not thread-safe by itself: a ``SparseTable`` holds its lock around every call.
     """
 
-    cdef object _keys_array
-    cdef object _rows_array
-    cdef uint64_t[::1] _keys
-    cdef int64_t[::1] _rows  # -1: empty slot
+    # Slot s is cells[2s] (the key, as int64) and cells[2s + 1] (its row
+    # number; -1: empty slot).
+    cdef object _cells_array
+    cdef int64_t* _cells
+    cdef uint64_t _mask
     cdef readonly int64_t size
 
     def __init__(self, capacity=_MIN_CAPACITY):
@@ -70,32 +120,39 @@ cdef class IdIndex:
         self.size = 0
 
     cdef _allocate(self, int64_t capacity):
-        self._keys_array = np.zeros(capacity, dtype=np.uint64)
-        self._rows_array = np.full(capacity, -1, dtype=np.int64)
-        self._keys = self._keys_array
-        self._rows = self._rows_array
+        cells = np.full((capacity, 2), -1, dtype=np.int64)
+        cdef int64_t[:, ::1] view = cells
+        self._cells_array = cells
+        self._cells = &view[0, 0]
+        self._mask = <uint64_t>(capacity - 1)
 
     @property
     def capacity(self):
-        return self._keys.shape[0]
+        return <int64_t>self._mask + 1
 
-    cdef inline int64_t _slot(self, uint64_t key) noexcept nogil:
+    cdef inline int64_t* _slot(self, uint64_t key) noexcept nogil:
         """The slot holding ``key``, or the empty slot where it would go."""
-        cdef uint64_t mask = <uint64_t>(self._keys.shape[0] - 1)
-        cdef uint64_t pos = _mix64(key) & mask
-        while self._rows[pos] >= 0 and self._keys[pos] != key:
-            pos = (pos + 1) & mask
-        return <int64_t>pos
+        cdef uint64_t pos = _mix64(key) & self._mask
+        cdef int64_t* cell = self._cells + 2 * pos
+        while cell[1] >= 0 and <uint64_t>cell[0] != key:
+            pos = (pos + 1) & self._mask
+            cell = self._cells + 2 * pos
+        return cell
+
+    cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
+        __builtin_prefetch(self._cells + 2 * (_mix64(key) & self._mask))
 
     def lookup(self, ids):
         """Row number of each id, -1 where the id is absent."""
         cdef uint64_t[::1] keys = _as_u64(ids)
         out = np.empty(keys.shape[0], dtype=np.int64)
         cdef int64_t[::1] rows = out
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, n = keys.shape[0]
         with nogil:
-            for i in range(keys.shape[0]):
-                rows[i] = self._rows[self._slot(keys[i])]
+            for i in range(n):
+                if i + _AHEAD < n:
+                    self._prefetch(keys[i + _AHEAD])
+                rows[i] = self._slot(keys[i])[1]
         return out
 
     def lookup_or_insert(self, ids):
@@ -108,15 +165,17 @@ cdef class IdIndex:
         out = np.empty(n, dtype=np.int64)
         cdef int64_t[::1] rows = out
         cdef Py_ssize_t i
-        cdef int64_t slot
+        cdef int64_t* cell
         with nogil:
             for i in range(n):
-                slot = self._slot(keys[i])
-                if self._rows[slot] < 0:
-                    self._keys[slot] = keys[i]
-                    self._rows[slot] = self.size
+                if i + _AHEAD < n:
+                    self._prefetch(keys[i + _AHEAD])
+                cell = self._slot(keys[i])
+                if cell[1] < 0:
+                    cell[0] = <int64_t>keys[i]
+                    cell[1] = self.size
                     self.size += 1
-                rows[i] = self._rows[slot]
+                rows[i] = cell[1]
         return out
 
     def insert_new(self, ids):
@@ -149,11 +208,13 @@ cdef class IdIndex:
         """Every id, in row-number order (uint64)."""
         out = np.empty(self.size, dtype=np.uint64)
         cdef uint64_t[::1] ids = out
-        cdef Py_ssize_t pos
+        cdef int64_t pos, capacity = self.capacity
+        cdef int64_t* cell
         with nogil:
-            for pos in range(self._rows.shape[0]):
-                if self._rows[pos] >= 0:
-                    ids[self._rows[pos]] = self._keys[pos]
+            for pos in range(capacity):
+                cell = self._cells + 2 * pos
+                if cell[1] >= 0:
+                    ids[cell[1]] = <uint64_t>cell[0]
         return out
 
 
@@ -190,10 +251,101 @@ def unique_inverse(ids):
     return unique_array[:count].view(array.dtype), inverse_array
 
 
+def pull_rows(IdIndex index, ids, float[:, ::1] weights, out, records, uint32_t tick):
+    """One pull's pass over distinct ``ids``: each id's row number (-1 where
+    absent), a copy of each row found into ``out`` (float32 [len(ids), dim];
+    None: no copy) and, given ``records`` (the table's ROW_STATS_DTYPE
+    statistics; None: an inference pull, nothing counted), a training pull
+    counted in the record of each row found: show + 1, last-seen tick
+    ``tick``, flagged changed. Returns ``(rows, missing)``, ``missing`` the
+    number of ids without a row (their ``out`` rows are left as they were)."""
+    cdef uint64_t[::1] keys = _as_u64(ids)
+    cdef Py_ssize_t i, n = keys.shape[0]
+    cdef Py_ssize_t dim = weights.shape[1]
+    cdef int64_t allocated = weights.shape[0]
+    cdef float[:, ::1] copy_to
+    cdef bint copy = out is not None
+    if copy:
+        copy_to = out
+        if copy_to.shape[0] != n or copy_to.shape[1] != dim:
+            raise ValueError(
+                f"pull_rows: expected an output of shape ({n}, {dim}), "
+                f"got ({copy_to.shape[0]}, {copy_to.shape[1]})"
+            )
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _records(records, raw) if records is not None else NULL
+    if records is not None and records.shape[0] < allocated:
+        raise ValueError(
+            f"pull_rows: {records.shape[0]} statistics records for {allocated} rows"
+        )
+    if index.size > allocated:
+        raise ValueError(f"pull_rows: the index has {index.size} rows, the table {allocated}")
+    found_array = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] found = found_array
+    cdef int64_t row
+    cdef Py_ssize_t missing = 0
+    cdef RowStat* record
+    with nogil:
+        for i in range(n):
+            if i + _AHEAD < n:
+                index._prefetch(keys[i + _AHEAD])
+            row = index._slot(keys[i])[1]
+            found[i] = row
+            if row < 0:
+                missing += 1
+                continue
+            if copy:
+                memcpy(&copy_to[i, 0], &weights[row, 0], dim * sizeof(float))
+            if stats != NULL:
+                record = stats + row
+                record.show += 1
+                record.last = tick
+                record.changed = 1
+    return found_array, missing
+
+
+def touch_rows(records, int64_t[::1] rows, uint32_t tick):
+    """A training pull of ``rows`` (-1: absent, skipped) counted in their
+    ROW_STATS_DTYPE ``records``: show + 1, last-seen tick ``tick``, flagged
+    changed since the last save."""
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _records(records, raw)
+    _check_record_rows(records, rows, True)
+    cdef Py_ssize_t i
+    cdef RowStat* record
+    with nogil:
+        for i in range(rows.shape[0]):
+            if rows[i] >= 0:
+                record = stats + rows[i]
+                record.show += 1
+                record.last = tick
+                record.changed = 1
+
+
+def add_clicks_rows(records, int64_t[::1] rows, float[::1] clicks):
+    """Adds ``clicks[i]`` to the click count of row ``rows[i]`` (-1: skipped)
+    and flags it changed."""
+    if clicks.shape[0] != rows.shape[0]:
+        raise ValueError(f"expected {rows.shape[0]} clicks (one per row), got {clicks.shape[0]}")
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _records(records, raw)
+    _check_record_rows(records, rows, True)
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(rows.shape[0]):
+            if rows[i] >= 0:
+                stats[rows[i]].click += clicks[i]
+                stats[rows[i]].changed = 1
+
+
 def adagrad_rows(float[:, ::1] weights, float[:, ::1] state_sum, int64_t[::1] rows,
-                 float[:, ::1] grads, float lr, float eps, float weight_decay):
+                 float[:, ::1] grads, float lr, float eps, float weight_decay, records=None):
     """torch.optim.Adagrad's step (lr_decay 0) on ``weights[rows]`` in place,
-    ``state_sum`` its squared-gradient sums. ``rows`` must be distinct."""
+    ``state_sum`` its squared-gradient sums. ``rows`` must be distinct. Given
+    ``records`` (ROW_STATS_DTYPE), each row is flagged changed there."""
     cdef Py_ssize_t i, j, dim = weights.shape[1]
     cdef int64_t row
     cdef float g
@@ -203,9 +355,17 @@ def adagrad_rows(float[:, ::1] weights, float[:, ::1] state_sum, int64_t[::1] ro
             f"Adagrad state of shape ({state_sum.shape[0]}, {state_sum.shape[1]}) does not "
             f"fit weights of shape ({weights.shape[0]}, {dim})"
         )
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = NULL
+    if records is not None:
+        stats = _records(records, raw)
+        _check_record_rows(records, rows, False)
     with nogil:
         for i in range(rows.shape[0]):
             row = rows[i]
+            if stats != NULL:
+                stats[row].changed = 1
             for j in range(dim):
                 g = grads[i, j]
                 if weight_decay != 0:
@@ -215,15 +375,24 @@ def adagrad_rows(float[:, ::1] weights, float[:, ::1] state_sum, int64_t[::1] ro
 
 
 def sgd_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads, float lr,
-             float weight_decay):
-    """torch.optim.SGD's step (no momentum) on ``weights[rows]`` in place."""
+             float weight_decay, records=None):
+    """torch.optim.SGD's step (no momentum) on ``weights[rows]`` in place.
+    Given ``records`` (ROW_STATS_DTYPE), each row is flagged changed there."""
     cdef Py_ssize_t i, j, dim = weights.shape[1]
     cdef int64_t row
     cdef float g
     _check_rows(weights, rows, grads)
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = NULL
+    if records is not None:
+        stats = _records(records, raw)
+        _check_record_rows(records, rows, False)
     with nogil:
         for i in range(rows.shape[0]):
             row = rows[i]
+            if stats != NULL:
+                stats[row].changed = 1
             for j in range(dim):
                 g = grads[i, j]
                 if weight_decay != 0:
@@ -231,26 +400,13 @@ def sgd_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads, floa
                 weights[row, j] -= lr * g
 
 
-def touch_rows(float[::1] show, uint32_t[::1] last_tick, uint8_t[::1] changed,
-               int64_t[::1] rows, uint32_t tick):
-    """A training pull of ``rows`` (-1: absent, skipped): each row's show count
-    goes up by one, its last-seen tick becomes ``tick`` and it is flagged
-    changed since the last save."""
+cdef _check_record_rows(records, int64_t[::1] rows, bint absent_allowed):
     cdef Py_ssize_t i
-    cdef int64_t row
-    cdef int64_t allocated = show.shape[0]
-    if last_tick.shape[0] < allocated or changed.shape[0] < allocated:
-        raise ValueError("touch_rows: the statistics arrays differ in length")
+    cdef int64_t allocated = records.shape[0]
+    cdef int64_t lowest = -1 if absent_allowed else 0
     for i in range(rows.shape[0]):
-        if rows[i] >= allocated:
-            raise IndexError(f"row {rows[i]} outside the table's {allocated} rows")
-    with nogil:
-        for i in range(rows.shape[0]):
-            row = rows[i]
-            if row >= 0:
-                show[row] += 1
-                last_tick[row] = tick
-                changed[row] = 1
+        if rows[i] < lowest or rows[i] >= allocated:
+            raise IndexError(f"row {rows[i]} outside the table's {allocated} rows of statistics")
 
 
 cdef _check_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads):

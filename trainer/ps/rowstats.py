@@ -1,10 +1,11 @@
 """The statistics a sparse table keeps per row, and its clock.
 
 ``RowStats`` holds, aligned with a ``SparseTable``'s rows, each row's show
-count, click count, last-seen tick and changed-since-last-save flag (13 bytes a
-row), the clock that maps ticks to passes, the ids waiting for admission
-(``PendingIds``) and the ids dropped since the last save. The table calls it
-under its own lock; nothing here locks.
+count, click count, last-seen tick and changed-since-last-save flag (one 16-byte
+record a row, ``ROW_STATS_DTYPE``: a training pull updates all four with one
+write, in the C loop that copies the row out), the clock that maps ticks to
+passes, the ids waiting for admission (``PendingIds``) and the ids dropped
+since the last save. The table calls it under its own lock; nothing here locks.
 
 Time: a tick is one training pull of the table (a batch, per worker); a pass
 is what the script calls a day (``fleet.set_pass``). Rows remember the tick
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._rows import IdIndex, touch_rows
+from ._rows import ROW_STATS_DTYPE, IdIndex, add_clicks_rows, touch_rows
 
 __all__ = ["PassClock", "PendingIds", "RowStats"]
 
@@ -71,26 +72,45 @@ class RowStats:
     """Per-row statistics of one table (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self.show = np.zeros(0, dtype=np.float32)
-        self.click = np.zeros(0, dtype=np.float32)
-        self.last = np.zeros(0, dtype=np.uint32)  # tick of the last training pull
-        self.changed = np.zeros(0, dtype=np.uint8)  # since mark_saved()
+        # Fields show, click, last (tick of the last training pull), changed
+        # (since mark_saved()).
+        self.records = np.zeros(0, dtype=ROW_STATS_DTYPE)
         self.clock = PassClock()
         self.pending = PendingIds()
         self.dropped: list[np.ndarray] | None = None  # ids dropped since mark_saved()
 
+    @property
+    def show(self) -> np.ndarray:
+        """Each row's show count (a view into the records: writable)."""
+        return self.records["show"]
+
+    @property
+    def click(self) -> np.ndarray:
+        """Each row's click count (a view into the records: writable)."""
+        return self.records["click"]
+
+    @property
+    def last(self) -> np.ndarray:
+        """Each row's last-seen tick (a view into the records: writable)."""
+        return self.records["last"]
+
+    @property
+    def changed(self) -> np.ndarray:
+        """Each row's changed-since-save flag, 0 or 1 (a view: writable)."""
+        return self.records["changed"]
+
     def arrays(self) -> list[np.ndarray]:
         """The per-row arrays, in a fixed order (``set_arrays`` takes them back)."""
-        return [self.show, self.click, self.last, self.changed]
+        return [self.records]
 
     def set_arrays(self, arrays: list[np.ndarray]) -> None:
         """Replaces the per-row arrays (grown or compacted by the table)."""
-        self.show, self.click, self.last, self.changed = arrays
+        (self.records,) = arrays
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the per-row arrays (allocated) and of the pending ids."""
-        return sum(a.nbytes for a in self.arrays()) + self.pending.nbytes
+        """Bytes of the per-row records (allocated) and of the pending ids."""
+        return self.records.nbytes + self.pending.nbytes
 
     def next_tick(self, rows: int) -> int:
         """The tick of a new training pull (``rows``: the table's row count)."""
@@ -105,14 +125,15 @@ class RowStats:
 
     def created(self, rows: np.ndarray) -> None:
         """``rows`` are new: no show or click yet, seen now, not saved."""
-        self.show[rows] = 0
-        self.click[rows] = 0
-        self.last[rows] = self.clock.tick
-        self.changed[rows] = 1
+        self.records[rows] = (0.0, 0.0, self.clock.tick, 1)
 
     def touch(self, rows: np.ndarray, tick: int) -> None:
         """A training pull of ``rows`` (-1 skipped) at ``tick``."""
-        touch_rows(self.show, self.last, self.changed, rows, tick)
+        touch_rows(self.records, rows, tick)
+
+    def add_clicks(self, rows: np.ndarray, clicks: np.ndarray) -> None:
+        """Adds ``clicks`` (float32) to the click counts of ``rows`` (-1 skipped)."""
+        add_clicks_rows(self.records, rows, clicks)
 
     def dropping(self, ids: np.ndarray) -> None:
         """``ids`` are about to be dropped (recorded once a save started the log)."""

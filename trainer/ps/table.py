@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from ..job.errors import CheckpointError
-from ._rows import IdIndex, adagrad_rows, sgd_rows
+from ._rows import IdIndex, adagrad_rows, pull_rows, sgd_rows
 from .describe import is_float_rows, is_int, shown
 from .entries import CtrAccessorParam, EntryAttr
 from .ids import as_u64, init_rows, mix64, shard_of, table_seed
@@ -138,10 +138,11 @@ class SparseTable:
         return [self._weights, *self._state.values(), *self._stats.arrays()]
 
     def _set_arrays(self, arrays: list[np.ndarray]) -> None:
+        stats_at = len(arrays) - len(self._stats.arrays())
         self._weights = arrays[0]
-        for key, array in zip(list(self._state), arrays[1:-4], strict=True):
+        for key, array in zip(list(self._state), arrays[1:stats_at], strict=True):
             self._state[key] = array
-        self._stats.set_arrays(arrays[-4:])
+        self._stats.set_arrays(arrays[stats_at:])
 
     def _reserve(self, rows: int) -> None:
         allocated = self._weights.shape[0]
@@ -174,15 +175,19 @@ class SparseTable:
             return self._index.lookup(ids)
         return self._insert(ids)
 
-    def _seen(self, ids: np.ndarray) -> np.ndarray:
+    def _seen(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """A training pull of distinct ``ids``: admits and creates what its
-        rule lets in (evicting for the budget), counts the statistics; returns
-        the row numbers, -1 for ids not admitted. Caller holds the lock."""
+        rule lets in (evicting for the budget), counts the statistics, copies
+        the rows into ``out`` (when given; rows of ids not admitted are left
+        as they were); returns the row numbers, -1 for ids not admitted.
+        Caller holds the lock."""
         stats = self._stats
         tick = stats.next_tick(self._index.size)
-        rows = self._index.lookup(ids)
-        missing = np.flatnonzero(rows < 0)
-        if missing.size:
+        # Rows found are counted (and copied) in the lookup's own loop; rows
+        # pulled now are the most recent, so none of them is evicted below.
+        rows, missing_count = pull_rows(self._index, ids, self._weights, out, stats.records, tick)
+        if missing_count:
+            missing = np.flatnonzero(rows < 0)
             new_ids = ids[missing]
             sightings = None
             if self.entry is not None:
@@ -194,8 +199,6 @@ class SparseTable:
                     # Ids waiting for admission are bounded by the row budget too.
                     stats.pending.drop(0, oldest=len(stats.pending) - self.max_rows)
             if new_ids.size:
-                # Rows pulled now are the most recent: mark them before any eviction.
-                stats.touch(rows, tick)
                 if self._make_room(new_ids.shape[0], tick):
                     rows = self._index.lookup(ids)  # renumbered
                 created = self._insert(new_ids)
@@ -203,8 +206,8 @@ class SparseTable:
                 if sightings is not None:  # earlier sightings count as shows
                     stats.show[created] = sightings - 1
                 stats.touch(created, tick)
-                return rows
-        stats.touch(rows, tick)
+                if out is not None:
+                    out[missing] = self._weights[created]
         return rows
 
     def _make_room(self, new: int, tick: int) -> bool:
@@ -295,10 +298,7 @@ class SparseTable:
                 f"got {clicks.shape[0]}"
             )
         with self._lock:
-            rows = self._index.lookup(ids)
-            present = rows >= 0
-            self._stats.click[rows[present]] += clicks[present]
-            self._stats.changed[rows[present]] = 1
+            self._stats.add_clicks(self._index.lookup(ids), clicks)
 
     def statistics(self, ids: np.ndarray | torch.Tensor) -> dict[str, np.ndarray]:
         """Per id: ``show``, ``click``, ``unseen_passes`` (-1, 0, 0 where the
@@ -371,18 +371,22 @@ class SparseTable:
     def _apply(self, rows: np.ndarray, grad: np.ndarray) -> None:
         # Caller holds the lock; rows are distinct.
         kind, hyper = self.optimizer.kind, self.optimizer.hyper
-        self._stats.changed[rows] = 1
+        records = self._stats.records
         if kind in ("sgd", "adagrad"):
-            # In place, without gathering rows and state into copies.
+            # In place, without gathering rows and state into copies; the
+            # loop flags each row changed.
             rows = np.ascontiguousarray(rows, dtype=np.int64)
             grad = np.ascontiguousarray(grad, dtype=np.float32)
             lr, decay = float(hyper["lr"]), float(hyper["weight_decay"])
             if kind == "sgd":
-                sgd_rows(self._weights, rows, grad, lr, decay)
+                sgd_rows(self._weights, rows, grad, lr, decay, records)
             else:
                 eps = float(hyper["eps"])
-                adagrad_rows(self._weights, self._state["sum"], rows, grad, lr, eps, decay)
+                adagrad_rows(
+                    self._weights, self._state["sum"], rows, grad, lr, eps, decay, records
+                )
             return
+        self._stats.changed[rows] = 1
         weights = self._weights[rows]
         state = {key: array[rows] for key, array in self._state.items()}
         self.optimizer.apply(weights, grad, state)
@@ -404,11 +408,13 @@ class SparseTable:
         initial value, or as zeros in a table with an entry (not admitted yet).
         """
         ids = as_u64(ids)
+        out = np.empty((ids.shape[0], self.dim), dtype=np.float32)
         with self._lock:
-            rows = self._seen(ids) if create else self._index.lookup(ids)
-            out = np.empty((ids.shape[0], self.dim), dtype=np.float32)
-            present = rows >= 0
-            out[present] = self._weights[rows[present]]
+            if create:
+                rows = self._seen(ids, out)
+            else:
+                rows, _ = pull_rows(self._index, ids, self._weights, out, None, 0)
+        present = rows >= 0
         if not present.all():
             if self.entry is None:
                 out[~present] = self.init_rows(ids[~present])
