@@ -53,7 +53,8 @@ class Host:
     def __init__(self, name: str, address: str) -> None:
         self.name, self.address = name, address
         self.holder = subprocess.Popen(
-            ["unshare", "-n", "sleep", "3600"], stderr=subprocess.PIPE, text=True
+            ["unshare", "-n", "sleep", "3600"], stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
         )
         own = os.readlink("/proc/self/ns/net")
 
@@ -232,3 +233,52 @@ def test_a_collective_job_on_two_hosts(two_hosts: dict[str, Host], tmp_path: Pat
     assert 0.6 <= float(match.group(1)) <= 1.0, results["a"].stdout
     assert "rank 1/2" in results["b"].stdout, results["b"].stdout
     assert_listening_only_on_own_address(two_hosts, seen, {"a": {port}, "b": set()})
+
+
+def test_losing_one_host_ends_the_other_hosts_part_with_an_error(
+    two_hosts: dict[str, Host], tmp_path: Path
+):
+    # Without --max_restarts: host B's fleetrun is stopped (its server and worker
+    # with it) in the middle of training; host A's worker fails on its next call
+    # to server 1, and host A's fleetrun stops server 0 and exits non-zero.
+    servers = "10.77.2.1:24021,10.77.3.1:24021"
+    workers = "10.77.2.1:24022,10.77.3.1:24022"
+    env = dict(os.environ, PYTHONPATH=str(REPO), FLEETFEED_JOB_KEY=JOB_KEY)
+    script_args = [str(WIDE_AND_DEEP), "--lines", "20000", "--epochs", "20", "--print-period",
+                   "5", "--data", str(tmp_path / "data")]
+    launchers = {
+        name: subprocess.Popen(
+            host.command(sys.executable, "-m", "trainer.launch", "--servers", servers,
+                         "--workers", workers, "--log_dir", str(tmp_path / f"log_{name}"),
+                         *script_args),
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for name, host in two_hosts.items()
+    }
+    try:
+        def training() -> bool:
+            for name, launcher in launchers.items():
+                if launcher.poll() is not None:
+                    pytest.fail(f"host {name}'s fleetrun ended first: {launcher.poll()}")
+            logs = [tmp_path / "log_a" / "workerlog.0", tmp_path / "log_b" / "workerlog.1"]
+            return all(path.exists() and "batch: [" in path.read_text() for path in logs)
+
+        wait_for(training, "both workers to train", JOB_SECONDS, interval=0.2,
+                 details=lambda: log_text(tmp_path / "log_a") + log_text(tmp_path / "log_b"))
+        launchers["b"].terminate()
+        stopped = time.monotonic()
+        _, b_err = launchers["b"].communicate(timeout=60)
+        _, a_err = launchers["a"].communicate(timeout=120)
+        a_seconds = time.monotonic() - stopped
+    finally:
+        for launcher in launchers.values():
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate()
+    print(f"host A's fleetrun ended {a_seconds:.1f}s after host B's was stopped")
+    assert launchers["b"].returncode == 128 + 15, b_err
+    assert launchers["a"].returncode not in (0, None), a_err
+    assert re.search(r"fleetrun: worker 0 \(pid \d+\) exited with status 1", a_err), a_err
+    assert "parameter server 1 at 10.77.3.1:24021" in a_err, a_err
+    assert a_seconds < 60, a_err
+    assert not two_hosts["a"].listening(), "host A left a process listening"
