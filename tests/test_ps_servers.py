@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from support import reserved_ports
@@ -34,7 +35,14 @@ from torch import nn
 
 from trainer.errors import CheckpointError
 from trainer.nn import SparseEmbedding
-from trainer.ps import OptimizerSpec, ParameterServerRuntime, checkpoint, load_local, sparse
+from trainer.ps import (
+    OptimizerSpec,
+    ParameterServerRuntime,
+    checkpoint,
+    load_local,
+    sparse,
+    table_files,
+)
 from trainer.ps.client import shard_dense
 from trainer.ps.placement import dense_owners
 from trainer.ps.server import ParameterServer
@@ -138,8 +146,9 @@ def save(servers: list[ParameterServer], dirname: Path, table: str) -> None:
     """What save_persistables does with servers: every shard, then meta.json."""
     staging = checkpoint.staging_dir(str(dirname))
     for server in servers:
-        server.save(staging)
-    meta = {"format": checkpoint.FORMAT, "server_num": len(servers), "mode": "async",
+        server.save(staging, "base")
+    meta = {"format": checkpoint.FORMAT, "kind": "base", "save_id": "s1", "after": None,
+            "server_num": len(servers), "mode": "async",
             "tables": {table: {"dim": 4}}, "dense": [list(s) for s in SHAPES]}
     checkpoint.commit(staging, str(dirname), meta)
 
@@ -230,6 +239,16 @@ def _set_sum(shard: dict, index: int, value) -> None:
     shard["optimizer"]["state"][index]["sum"] = value
 
 
+def _flip_last_weight(path: Path) -> None:
+    """Changes one float of the rows file in place (Arrow stays valid)."""
+    data = bytearray(path.read_bytes())
+    weights = pa.ipc.open_file(pa.BufferReader(bytes(data))).get_batch(0).column("weights")
+    last = weights.flatten().to_numpy()[-1].tobytes()
+    at = bytes(data).rfind(last)
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
 def _edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
@@ -237,13 +256,14 @@ def _edit_json(path: Path, **changes) -> None:
 ATTACKS = {
     # case: (file, how, the message to expect)
     "sparse-shard-missing": (
-        "sparse.{t}.shard1.pt", lambda p: p.unlink(),
-        r"expected the files sparse\..*\.shard0\.pt to .*shard1\.pt \(meta.json: server_num 2\)",
+        "sparse.{t}.shard1.arrow", lambda p: p.unlink(),
+        r"expected the files sparse\..*\.shard0\.arrow to .*shard1\.arrow \(meta.json: "
+        r"server_num 2\)",
     ),
     "sparse-shard-beyond-server-num": (
-        "sparse.{t}.shard1.pt",
+        "sparse.{t}.shard1.arrow",
         lambda p: shutil.copy(p, p.with_name(p.name.replace("shard1", "shard2"))),
-        r"server_num 2\), found \[.*shard0.pt', .*shard1.pt', .*shard2.pt'\]",
+        r"server_num 2\), found \[.*shard0.arrow', .*shard1.arrow', .*shard2.arrow'\]",
     ),
     "dense-shard-missing": (
         "dense.shard0.pt", lambda p: p.unlink(),
@@ -254,12 +274,12 @@ ATTACKS = {
         r"\(meta.json: server_num 1000000000000\)",
     ),
     "sparse-truncated": (
-        "sparse.{t}.shard1.pt", lambda p: p.write_bytes(p.read_bytes()[:300]),
-        r"shard1.pt: expected a torch.save file of tensors",
+        "sparse.{t}.shard1.arrow", lambda p: p.write_bytes(p.read_bytes()[:300]),
+        r"shard1.arrow: expected an Arrow IPC file of table rows",
     ),
-    "sparse-ids-rows-disagree": (
-        "sparse.{t}.shard1.pt", lambda p: _edit(p, lambda d: d.update(ids=d["ids"][:-1])),
-        r"shard1.pt: expected as many rows of 'weights' as ids",
+    "sparse-a-value-changed": (
+        "sparse.{t}.shard1.arrow", lambda p: _flip_last_weight(p),
+        r"shard1.arrow: record batch 0: expected the CRC-32 of its values",
     ),
     "dense-wrong-shape": (
         "dense.shard1.pt", lambda p: _edit(p, lambda d: d["params"].__setitem__(0, torch.zeros(9))),
@@ -386,8 +406,8 @@ def test_sync_with_two_servers_equals_one_process(jobs):
 def saved_rows(ckpt: Path, table: str) -> list[np.ndarray]:
     """The ids in each sparse shard file of ``table``, by shard number."""
     n = json.loads((ckpt / "meta.json").read_text())["server_num"]
-    return [torch.load(ckpt / f"sparse.{table}.shard{s}.pt", weights_only=True)["ids"].numpy()
-            for s in range(n)]
+    return [np.concatenate([b["ids"] for b in table_files.open_shard(
+        str(ckpt / f"sparse.{table}.shard{s}.arrow")).batches()]) for s in range(n)]
 
 
 @pytest.mark.slow
@@ -475,12 +495,11 @@ def checkpoint_contents(ckpt: Path) -> dict:
     meta = checkpoint.read_meta(str(ckpt))
     rows = {}
     for table in meta["tables"]:
-        for path in sorted(ckpt.glob(f"sparse.{table}.shard*.pt")):
-            shard = torch.load(path, weights_only=True)
-            for k, row_id in enumerate(shard["ids"].tolist()):
+        for batch in table_files.read_table(str(ckpt), table):
+            for k, row_id in enumerate(batch["ids"].tolist()):
                 assert (table, row_id) not in rows
-                rows[table, row_id] = (shard["weights"][k].tolist(),
-                                       shard["state.sum"][k].tolist())
+                rows[table, row_id] = (batch["weights"][k].tolist(),
+                                       batch["state.sum"][k].tolist())
     dense, optimizer = {}, {}
     for path in sorted(ckpt.glob("dense.shard*.pt")):
         shard = torch.load(path, weights_only=True)
@@ -503,10 +522,10 @@ def test_a_checkpoint_reshards_between_jobs(jobs, tmp_path):
     (tmp_path / "j3").mkdir()
     (tmp_path / "j1").mkdir()
     shutil.copytree(first["ckpt"], bad)
-    wide = bad / "sparse.ps_wide.shard1.pt"  # after ps_emb's good shards
+    wide = bad / "sparse.ps_wide.shard1.arrow"  # after ps_emb's good shards
     wide.write_bytes(wide.read_bytes()[:300])
     on_three = run_reshard_job(tmp_path / "j3", "async", 3, first["ckpt"], three, bad=bad)
-    assert "sparse.ps_wide.shard1.pt: expected a torch.save file" in on_three["refused"]
+    assert "sparse.ps_wide.shard1.arrow: expected an Arrow IPC file" in on_three["refused"]
     untouched = checkpoint_contents(tmp_path / "bad.after")
     assert untouched["rows"] == {}  # no server took a row
     torch.manual_seed(1)

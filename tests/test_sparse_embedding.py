@@ -15,7 +15,7 @@ from torch import nn
 
 from datafeed import Ragged
 from trainer.nn import SparseEmbedding
-from trainer.ps import ParameterServerRuntime, load_local, sparse
+from trainer.ps import ParameterServerRuntime, load_local, sparse, table_files
 from trainer.ps.optim import OptimizerSpec
 from trainer.ps.table import IdIndex, SparseTable, as_u64, shard_of
 from trainer.role import ClusterRole
@@ -294,11 +294,11 @@ def test_local_runtime_trains_saves_and_loads(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         "dense.shard0.pt",
         "meta.json",
-        f"sparse.{prefix}emb.shard0.pt",
-        f"sparse.{prefix}wide.shard0.pt",
+        f"sparse.{prefix}emb.shard0.arrow",
+        f"sparse.{prefix}wide.shard0.arrow",
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no staging left
-    saved = torch.load(tmp_path / "ckpt" / f"sparse.{prefix}emb.shard0.pt", weights_only=True)
+    saved = next(table_files.read_table(str(tmp_path / "ckpt"), prefix + "emb"))
     assert saved["weights"].shape == (len(tables[prefix + "emb"]), 4)
 
     sparse.local_store().clear()

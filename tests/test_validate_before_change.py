@@ -10,6 +10,7 @@ import pathlib
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import torch
 from support import SMALL_SCHEMA
@@ -19,7 +20,7 @@ from datafeed import InMemoryDataset, QueueDataset
 from datafeed.errors import StateError
 from trainer.job.errors import CheckpointError
 from trainer.nn import SparseEmbedding
-from trainer.ps import ParameterServerRuntime, load_local, sparse
+from trainer.ps import ParameterServerRuntime, load_local, sparse, table_files
 from trainer.role import ClusterRole
 
 # -- InMemoryDataset.load_state_dict ------------------------------------------------
@@ -311,7 +312,21 @@ class _Payload:
 
 
 def _sparse(ckpt: Path, prefix: str, table: str) -> Path:
-    return ckpt / f"sparse.{prefix}{table}.shard0.pt"
+    return ckpt / f"sparse.{prefix}{table}.shard0.arrow"
+
+
+def _edit_arrow(path: Path, edit=None, metadata=None, crc: bool = True) -> None:
+    """Rewrites a table file edited by ``edit`` (a pyarrow Table -> Table),
+    with schema ``metadata`` changed, each batch with its CRC-32 (unless not)."""
+    table = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
+    changes = {k.encode(): v.encode() for k, v in (metadata or {}).items()}
+    saved = {**table.schema.metadata, **changes}
+    edited = (edit(table) if edit else table).replace_schema_metadata(saved)
+    original = table.to_batches()
+    with pa.OSFile(str(path), "wb") as out, pa.ipc.new_file(out, edited.schema) as writer:
+        for i, batch in enumerate(edited.to_batches()):
+            crc32 = table_files.batch_crc32(batch if crc else original[i])
+            writer.write_batch(batch, custom_metadata={"crc32": str(crc32)})
 
 
 def _attack(case: str, ckpt: Path, prefix: str) -> str:
@@ -354,34 +369,47 @@ def _attack(case: str, ckpt: Path, prefix: str) -> str:
     if case == "dense-truncated":
         dense.write_bytes(dense.read_bytes()[:100])
         return r"dense.shard0.pt: expected a torch.save file of tensors"
-    if case == "sparse-ids-rows-disagree":  # the second table, after a good first one
-        _edit_pt(wide, lambda d: d.update(ids=torch.arange(9)))
-        return rf"{prefix}wide.shard0.pt: expected as many rows of 'weights' as ids \(9\), found 4"
-    if case == "sparse-missing-weights":
-        _edit_pt(wide, lambda d: d.pop("weights"))
-        return r"wide.shard0.pt: expected the key 'weights'"
+    if case == "sparse-ids-duplicated":  # the second table, after a good first one
+        _edit_arrow(wide, lambda t: t.set_column(0, t.schema.field(0), pa.array(
+            [7] * t.num_rows, pa.uint64())))
+        return rf"{prefix}wide.shard0.arrow: record batch 0: expected distinct ids"
+    if case == "sparse-weights-null":
+        _edit_arrow(wide, lambda t: t.set_column(1, t.schema.field(1), pa.array(
+            [None, [1.0], [2.0], [3.0]], t.schema.field(1).type)))
+        return r"wide.shard0.arrow: record batch 0: expected no nulls, found some in \['weights'\]"
     if case == "sparse-ids-float":
-        _edit_pt(wide, lambda d: d.update(ids=d["ids"].double()))
-        return r"wide.shard0.pt: 'ids': expected a 1-D int64 tensor, found .*float64"
+        _edit_arrow(wide, lambda t: t.set_column(0, "id", t.column(0).cast(pa.float64())))
+        return r"wide.shard0.arrow: expected the columns id: uint64 not null, .* found id: double"
     if case == "sparse-dim-str":
-        _edit_pt(wide, lambda d: d.update(dim="x"))
-        return r"wide.shard0.pt: 'dim': expected 1 \(table .*\), found 'x'"
+        _edit_arrow(wide, metadata={"dim": "x"})
+        return r"wide.shard0.arrow: metadata 'dim': expected an int >= 0, found 'x'"
     if case == "sparse-weights-wrong-dim":
-        _edit_pt(emb, lambda d: d.update(weights=torch.zeros(4, 3)))
-        return r"emb.shard0.pt: 'weights': expected a float tensor of shape \[4, 4\]"
-    if case == "sparse-optimizer-state-short":
-        _edit_pt(wide, lambda d: d.update({"state.sum": torch.zeros(2, 1)}))
-        return r"wide.shard0.pt: 'state.sum': expected a float tensor of shape \[4, 1\]"
+        _edit_arrow(emb, metadata={"dim": "3"})
+        return r"emb.shard0.arrow: table .*: expected rows of dim 4 .* found dim 3"
+    if case == "sparse-optimizer-state-missing":
+        _edit_arrow(wide, lambda t: t.drop_columns(["state.sum"]))
+        return r"wide.shard0.arrow: expected the columns .*state.sum.* found id: uint64 not null, w"
+    if case == "sparse-pass-beyond-file":
+        _edit_arrow(wide, lambda t: t.set_column(t.num_columns - 1, t.schema.field(-1), pa.array(
+            [9] * t.num_rows, pa.int64())))
+        return r"wide.shard0.arrow: record batch 0: 'last_seen_pass': expected 0 to 0"
+    if case == "sparse-a-value-changed":  # valid Arrow: only the CRC-32 tells
+        _edit_arrow(wide, lambda t: t.set_column(1, t.schema.field(1), pa.array(
+            [[9.0]] * t.num_rows, t.schema.field(1).type)), crc=False)
+        return r"wide.shard0.arrow: record batch 0: expected the CRC-32 of its values"
     if case == "sparse-truncated":
         wide.write_bytes(wide.read_bytes()[:200])
-        return r"wide.shard0.pt: expected a torch.save file of tensors"
+        return r"wide.shard0.arrow: expected an Arrow IPC file of table rows"
     if case == "sparse-table-missing":
         wide.unlink()
         _edit_meta(ckpt, lambda m: m["tables"].pop(prefix + "wide"))
         return rf"holds tables \[.*'{prefix}emb'\]; the model's table '{prefix}wide' is not"
-    if case == "sparse-pickle-payload":
-        torch.save({"name": _Payload(ckpt.parent / "pwned")}, wide)
-        return r"wide.shard0.pt: expected a torch.save file of tensors .*weights_only"
+    if case == "dense-pickle-payload":
+        torch.save({"name": _Payload(ckpt.parent / "pwned")}, dense)
+        return r"dense.shard0.pt: expected a torch.save file of tensors .*weights_only"
+    if case == "old-torch-format":
+        _edit_meta(ckpt, lambda m: m.update(format="fleetfeed-ps/1"))
+        return r"format 'fleetfeed-ps/1' \(sparse rows in torch .pt files\) is no longer read"
     raise AssertionError(case)
 
 
@@ -389,10 +417,11 @@ LOAD_LOCAL_CASES = [
     "meta-truncated", "meta-a-list", "meta-no-dense", "meta-dense-not-shapes",
     "meta-tables-bad-dim", "meta-last-dense-shape", "dense-last-shape",
     "dense-lengths-disagree", "dense-index-missing", "dense-index-out-of-range",
-    "dense-params-not-tensors", "dense-truncated", "sparse-ids-rows-disagree",
-    "sparse-missing-weights", "sparse-ids-float", "sparse-dim-str",
-    "sparse-weights-wrong-dim", "sparse-optimizer-state-short", "sparse-truncated",
-    "sparse-table-missing", "sparse-pickle-payload",
+    "dense-params-not-tensors", "dense-truncated", "sparse-ids-duplicated",
+    "sparse-weights-null", "sparse-ids-float", "sparse-dim-str",
+    "sparse-weights-wrong-dim", "sparse-optimizer-state-missing", "sparse-pass-beyond-file",
+    "sparse-a-value-changed", "sparse-truncated", "sparse-table-missing", "old-torch-format",
+    "dense-pickle-payload",
 ]
 
 

@@ -378,7 +378,7 @@ class Fleet(TableLifecycle):
         first worker then records ``dirname`` as the checkpoint a restart resumes
         from (docs/restarts.md).
 
-        ``kwargs`` takes Paddle's ``executor``/``main_program``/``mode`` and ignores them.
+        ``mode`` (PS runtime): 0 base, 1 delta (docs/table_lifecycle.md); executor= ignored.
         """
         _ignore_paddle_kwargs("save_persistables", kwargs)
         extra = {}
@@ -389,7 +389,7 @@ class Fleet(TableLifecycle):
             extra[DATASET_STATE_FILE] = json.dumps({"workers": states}).encode()
         if self._ps_mode or (self._runtime is not None and model is None):
             if dataset is None or self.is_first_worker():
-                self._get_runtime().save_persistables(dirname, extra)
+                self._get_runtime().save_persistables(dirname, extra, kwargs.get("mode", 0))
         elif self.is_first_worker():
             os.makedirs(dirname, exist_ok=True)
             _local_persistables("save", dirname, self._target_model(model))

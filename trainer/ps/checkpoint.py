@@ -2,18 +2,26 @@
 
 A checkpoint is a directory::
 
-    meta.json                       tables (name, dim, seed, ...), dense shapes, server_num
-    sparse.<table>.shard<i>.pt      server i's rows of a table: ids, weights, optimizer state
+    meta.json                       format, kind (base or delta), tables (name, dim,
+                                    seed, ...), dense shapes, server_num, save_id, after
+    sparse.<table>.shard<i>.arrow   server i's rows of a table (``trainer.ps.table_files``:
+                                    Arrow IPC; a delta adds ``.dropped.arrow`` files)
     dense.shard<i>.pt               the dense parameters server i owns (``indices``,
                                     ``params``) and its optimizer's state_dict
 
-Every ``.pt`` file holds only tensors, numbers, strings and lists/dicts of them:
-``torch.load(path, weights_only=True)`` reads it. The directory is written under
-a temporary name and renamed into place once complete, so a reader never sees a
-half-written checkpoint. Shards are re-sharded on load: a checkpoint written by
-S servers loads into any number of servers, or into a local model. Every file
-names what it holds (row ids, parameter indices), so a loading process keeps
-what it owns by ``trainer.ps.placement``, whatever the placement at save time.
+A base holds every row; a delta the rows changed since the save it follows
+(``after``: that save's ``save_id``) and the ids dropped since; loading a base
+then its deltas in order gives the tables exactly. Dense parameters are small:
+every checkpoint holds them all. Every ``.pt`` file holds only tensors, numbers,
+strings and lists/dicts of them: ``torch.load(path, weights_only=True)`` reads
+it. Checkpoints of format ``fleetfeed-ps/1`` (sparse rows in ``.pt`` files,
+before the Arrow files) are refused with a ``CheckpointError`` that says so.
+The directory is written under a temporary name and renamed into place once
+complete, so a reader never sees a half-written checkpoint. Shards are
+re-sharded on load: a checkpoint written by S servers loads into any number of
+servers, or into a local model. Every file names what it holds (row ids,
+parameter indices), so a loading process keeps what it owns by
+``trainer.ps.placement``, whatever the placement at save time.
 Optimizer state moves with what it belongs to: a row's with the row; a dense
 parameter's (Adagrad's sums, Adam's moments) with the parameter
 (``dense_optimizer_state``), the hyper-parameters from the lowest shard.
@@ -31,21 +39,20 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..job.errors import CheckpointError
-from .table import SparseTable, shown
+from .describe import shown
 
-FORMAT = "fleetfeed-ps/1"
+FORMAT = "fleetfeed-ps/2"
+# The torch-file format of sparse rows before the Arrow files: refused, by name.
+OLD_FORMATS = ("fleetfeed-ps/1",)
+KINDS = ("base", "delta")
 
 log = logging.getLogger(__name__)
-
-
-def sparse_file(dirname: str, table: str, shard: int) -> str:
-    return os.path.join(dirname, f"sparse.{table}.shard{shard}.pt")
 
 
 def dense_file(dirname: str, shard: int) -> str:
@@ -73,7 +80,7 @@ def load_file(path: str) -> Any:
     except Exception as error:  # noqa: BLE001 - torch raises many kinds for a bad file
         raise CheckpointError(
             f"{path}: expected a torch.save file of tensors (read with weights_only=True), "
-            f"found {type(error).__name__}: {_first_line(error)}",
+            f"found {type(error).__name__}: {first_line(error)}",
             path=path,
         ) from error
 
@@ -120,7 +127,7 @@ def read_meta(dirname: str) -> dict[str, Any]:
     except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
         raise CheckpointError(
             f"{path}: expected JSON of a fleetfeed checkpoint, found "
-            f"{type(error).__name__}: {_first_line(error)}",
+            f"{type(error).__name__}: {first_line(error)}",
             path=path,
         ) from None
     if not isinstance(meta, dict):
@@ -129,15 +136,28 @@ def read_meta(dirname: str) -> dict[str, Any]:
             f"shapes, found {type(meta).__name__}",
             path=path,
         )
+    if meta.get("format") in OLD_FORMATS:
+        raise CheckpointError(
+            f"{path}: format {meta['format']!r} (sparse rows in torch .pt files) is no longer "
+            f"read; this version reads {FORMAT!r} (Arrow table files): load it with the "
+            "fleetfeed that wrote it and save it again, or retrain",
+            path=path,
+        )
     if meta.get("format") != FORMAT:
         raise CheckpointError(
             f"{path}: expected format {FORMAT!r}, found {shown(meta.get('format'))}", path=path
         )
-    for key in ("dense", "tables", "server_num"):
+    for key in ("dense", "tables", "server_num", "kind"):
         if key not in meta:
             raise CheckpointError(
                 f"{path}: expected the key {key!r}, found keys {shown(sorted(meta))}", path=path
             )
+    if meta["kind"] not in KINDS or not isinstance(meta.get("after"), (str, type(None))):
+        raise CheckpointError(
+            f"{path}: expected 'kind' base or delta and 'after' a save id or null, found "
+            f"{shown(meta['kind'])} and {shown(meta.get('after'))}",
+            path=path,
+        )
     dense = meta["dense"]
     if not isinstance(dense, list):
         raise CheckpointError(
@@ -171,69 +191,32 @@ def read_meta(dirname: str) -> dict[str, Any]:
     return meta
 
 
-def _sparse_paths(dirname: str, table: str, meta: dict[str, Any]) -> list[str]:
-    return _shard_paths(dirname, f"sparse.{table}.shard", meta)
-
-
 def _dense_paths(dirname: str, meta: dict[str, Any]) -> list[str]:
-    return _shard_paths(dirname, "dense.shard", meta)
+    return shard_paths(dirname, "dense.shard", meta)
 
 
-def _shard_paths(dirname: str, prefix: str, meta: dict[str, Any]) -> list[str]:
-    """``<prefix><i>.pt`` for every server i of ``meta``'s server_num, in order.
+def shard_paths(dirname: str, prefix: str, meta: dict[str, Any], suffix: str = ".pt") -> list[str]:
+    """``<prefix><i><suffix>`` for every server i of ``meta``'s server_num, in order.
 
     Raises:
         CheckpointError: a shard missing, or one beyond server_num (its rows
             would be lost or taken from another checkpoint without a word).
     """
-    pattern = os.path.join(glob.escape(dirname), f"{glob.escape(prefix)}*.pt")
+    pattern = os.path.join(glob.escape(dirname), f"{glob.escape(prefix)}*{glob.escape(suffix)}")
     found: dict[int, str] = {}
     for path in glob.glob(pattern):
-        number = os.path.basename(path)[len(prefix):-len(".pt")]
+        number = os.path.basename(path)[len(prefix):-len(suffix)]
         if number.isdigit() and number.isascii():  # not another table's file
             found[int(number)] = path
     server_num = meta["server_num"]
     if len(found) != server_num or not all(i in found for i in range(server_num)):
         raise CheckpointError(
-            f"checkpoint {dirname!r}: expected the files {prefix}0.pt to "
-            f"{prefix}{server_num - 1}.pt (meta.json: server_num {server_num}), found "
+            f"checkpoint {dirname!r}: expected the files {prefix}0{suffix} to "
+            f"{prefix}{server_num - 1}{suffix} (meta.json: server_num {server_num}), found "
             f"{shown(sorted(os.path.basename(p) for p in found.values()))}",
             path=dirname,
         )
     return [found[i] for i in range(server_num)]
-
-
-def read_tables(
-    dirname: str, meta: dict[str, Any], tables: Mapping[str, SparseTable]
-) -> list[tuple[SparseTable, dict[str, Any]]]:
-    """Every saved shard of ``tables`` (by name), each checked against its table,
-    before any is loaded: ``table.load_state_dict(shard)`` then cannot fail.
-
-    Raises:
-        CheckpointError: a table of the model is not in the checkpoint, or has
-            another ``dim`` there; a shard file is malformed, missing, or
-            beyond ``meta.json``'s server_num.
-    """
-    saved = meta["tables"]
-    out = []
-    for name, table in tables.items():
-        if name not in saved:
-            raise CheckpointError(
-                f"checkpoint {dirname!r} holds tables {shown(sorted(saved))}; the model's "
-                f"table {name!r} is not among them",
-                path=dirname,
-            )
-        if saved[name]["dim"] != table.dim:
-            raise CheckpointError(
-                f"checkpoint {dirname!r}: table {name!r} has rows of dim {saved[name]['dim']}, "
-                f"the model's table has dim {table.dim}",
-                path=dirname,
-            )
-        for path in _sparse_paths(dirname, name, meta):
-            shard = load_file(path)
-            table.check_state_dict(shard, where=path)
-            out.append((table, shard))
-    return out
 
 
 def dense_values(dirname: str, meta: dict[str, Any] | None = None) -> dict[int, torch.Tensor]:
@@ -439,7 +422,44 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, at most 200 characters."""
     text = str(error).strip().splitlines()
     line = text[0] if text else ""
     return line if len(line) <= 200 else line[:197] + "..."
+
+
+def save_kind(mode: Any) -> str:
+    """``"base"`` or ``"delta"`` for ``save_persistables``' ``mode``: Paddle's
+    numbers (0: every row, 1: the rows changed since the last save) or the names.
+
+    Raises:
+        ValueError: another mode. Paddle's 2 (an "xbox base": only rows whose
+            show/click score passes its accessor's base_threshold, for serving)
+            has no counterpart here.
+    """
+    kinds = {0: "base", 1: "delta", "base": "base", "delta": "delta"}
+    if isinstance(mode, bool) or not isinstance(mode, (int, str)) or mode not in kinds:
+        raise ValueError(
+            f"save_persistables: mode must be 0 or 'base' (every row) or 1 or 'delta' (rows "
+            f"changed since the last save, and the ids dropped since), got {mode!r}"
+            + (" (Paddle's xbox base, filtered by score, is not supported)" if mode == 2 else "")
+        )
+    return kinds[mode]
+
+
+def check_follows(meta: dict[str, Any], last_id: str | None, dirname: str) -> None:
+    """Checks that a delta checkpoint follows the save or load ``last_id``
+    (this process's last; None: unknown, nothing checked).
+
+    Raises:
+        CheckpointError: the delta follows another save.
+    """
+    if meta["kind"] != "delta" or last_id is None or meta.get("after") in (None, last_id):
+        return
+    raise CheckpointError(
+        f"checkpoint {dirname!r} is a delta of save {meta['after']}; the tables here are at "
+        f"save {last_id} (the last saved or loaded): load its base and the deltas before it, "
+        "in order",
+        path=dirname,
+    )

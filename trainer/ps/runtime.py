@@ -23,6 +23,7 @@ import atexit
 import logging
 import os
 import shutil
+import uuid
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ from ..job.errors import CheckpointError, ServerCallError, TrainerError
 from ..job.keys import require_key_or_insecure
 from ..job.role import ClusterRole
 from ..job.strategy import parameter_server_mode
-from . import checkpoint, lifecycle, sparse, transport
+from . import checkpoint, lifecycle, sparse, table_files, transport
 from . import server as handlers
 from .client import DistributedOptimizer, copy_dense, dense_params
 from .modes import LocalMode, TrainingMode, WorkerLink, distributed_mode
@@ -322,21 +323,30 @@ class ParameterServerRuntime:
 
     # -- checkpoints -------------------------------------------------------------
 
-    def save_persistables(self, dirname: str, extra_files: dict[str, bytes] | None = None) -> None:
-        """Writes every sparse table shard and the dense parameters to ``dirname``
-        (``trainer.ps.checkpoint``). In PS mode call it from one worker: the
-        servers write the files, so ``dirname`` must be visible to them.
-        ``extra_files`` (name: bytes) go into the same checkpoint, which
-        appears whole or not at all (the workers' dataset positions)."""
+    def save_persistables(
+        self, dirname: str, extra_files: dict[str, bytes] | None = None, mode: Any = 0
+    ) -> None:
+        """Writes the sparse tables and the dense parameters to ``dirname``
+        (``trainer.ps.checkpoint``): ``mode`` 0 ("base") every row, 1 ("delta")
+        the rows changed since the last save and the ids dropped since. In PS
+        mode call it from one worker: the servers write the files, so
+        ``dirname`` must be visible to them. ``extra_files`` (name: bytes) go
+        into the same checkpoint, which appears whole or not at all (the
+        workers' dataset positions). After a failed save the next delta is
+        written as a base (the failed one may have marked rows saved)."""
         optimizer = self._require_optimizer("save_persistables()")
+        kind = checkpoint.save_kind(mode)
+        if kind == "delta" and getattr(self, "_save_failed", False):
+            log.warning("save_persistables(%s): the last save failed; writing a base", dirname)
+            kind = "base"
         staging = checkpoint.staging_dir(dirname)
+        save_id = uuid.uuid4().hex
         try:
             if self.local:
                 server_num = 1
-                for name, config in self.configs.items():
+                for config in self.configs.values():
                     table = sparse.local_store().table(config)
-                    path = checkpoint.sparse_file(staging, name, 0)
-                    checkpoint.save_file(table.state_dict(), path)
+                    table_files.write_shard(table, staging, 0, delta=kind == "delta")
                 checkpoint.save_file(
                     {
                         "indices": torch.arange(len(self.params)),
@@ -349,11 +359,14 @@ class ParameterServerRuntime:
                 servers = self._connected()
                 self.training.flush()
                 server_num = len(servers)
-                servers.call_all(handlers.save, [(staging,)] * server_num)
+                servers.call_all(handlers.save, [(staging, kind)] * server_num)
             for name, data in (extra_files or {}).items():
                 restart.write_atomically(os.path.join(staging, name), data)
             meta = {
                 "format": checkpoint.FORMAT,
+                "kind": kind,
+                "save_id": save_id,
+                "after": getattr(self, "_checkpoint_id", None) if kind == "delta" else None,
                 "server_num": server_num,
                 "mode": "local" if self.local else self.mode,
                 "tables": {n: c.as_dict() for n, c in self.configs.items()},
@@ -362,7 +375,9 @@ class ParameterServerRuntime:
             checkpoint.commit(staging, dirname, meta)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            self._save_failed = True
             raise
+        self._save_failed, self._checkpoint_id = False, save_id
 
     def load_persistables(self, dirname: str) -> None:
         """Loads a checkpoint written by save_persistables (any server count):
@@ -377,8 +392,9 @@ class ParameterServerRuntime:
                 (PS mode: each server refuses it, and the call fails naming it).
         """
         optimizer = self._require_optimizer("load_persistables()")
+        meta = checkpoint.read_meta(dirname)
+        checkpoint.check_follows(meta, getattr(self, "_checkpoint_id", None), dirname)
         if self.local:
-            meta = checkpoint.read_meta(dirname)
             checkpoint.check_dense_shapes(meta, self.params, dirname)
             values = checkpoint.dense_values(dirname, meta)
             optimizer_state = checkpoint.dense_optimizer_state(
@@ -386,15 +402,15 @@ class ParameterServerRuntime:
             )
             store = sparse.local_store()
             tables = {name: store.table(config) for name, config in self.configs.items()}
-            shards = checkpoint.read_tables(dirname, meta, tables)
+            files = table_files.read_tables(dirname, meta, tables)
             # Everything is checked: from here on nothing is refused.
-            for table, shard in shards:
-                table.load_state_dict(shard)
+            table_files.load_tables(files)
             with torch.no_grad():
                 for i, p in enumerate(self.params):
                     p.copy_(values[i])
             if optimizer_state is not None:
                 optimizer.load_state_dict(optimizer_state)
+            self._checkpoint_id = meta["save_id"]
             return
         servers = self._connected()
         self.training.settle()
@@ -408,6 +424,7 @@ class ParameterServerRuntime:
             raise CheckpointError(str(error), path=dirname) from error
         copy_dense(self.params, servers.call_all(handlers.pull_dense))
         self.training.reloaded()
+        self._checkpoint_id = meta["save_id"]
 
 
 def load_local(model: torch.nn.Module, dirname: str) -> None:
@@ -429,9 +446,8 @@ def load_local(model: torch.nn.Module, dirname: str) -> None:
     values = checkpoint.dense_values(dirname, meta)
     store = sparse.local_store()
     tables = {name: store.table(c) for name, c in sparse.model_tables(model).items()}
-    shards = checkpoint.read_tables(dirname, meta, tables)
+    files = table_files.read_tables(dirname, meta, tables)
     with torch.no_grad():
         for i, p in enumerate(params):
             p.copy_(values[i])
-    for table, shard in shards:
-        table.load_state_dict(shard)
+    table_files.load_tables(files)

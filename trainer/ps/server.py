@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from . import checkpoint, lifecycle
+from . import checkpoint, lifecycle, table_files
 from .placement import dense_owners
-from .table import SparseTable, as_u64, shard_of
+from .table import SparseTable, shard_of
 
 log = logging.getLogger(__name__)
 
@@ -235,10 +235,12 @@ class ParameterServer:
 
     # -- persistence -------------------------------------------------------------
 
-    def save(self, dirname: str) -> None:
-        for name, table in self.tables.items():
-            path = checkpoint.sparse_file(dirname, name, self.index)
-            checkpoint.save_file(table.state_dict(), path)
+    def save(self, dirname: str, kind: str = "base") -> None:
+        """Writes this server's shards into ``dirname``: every table's rows
+        (``kind`` "delta": only those changed since the last save, and the ids
+        dropped since; ``table_files``) and the dense parameters it owns."""
+        for table in self.tables.values():
+            table_files.write_shard(table, dirname, self.index, delta=kind == "delta")
         with self._dense_lock:
             state = {
                 "indices": torch.tensor(self.owned, dtype=torch.int64),
@@ -269,11 +271,11 @@ class ParameterServer:
             optimizer_state = checkpoint.dense_optimizer_state(
                 dirname, meta, self.dense_optimizer, who=f"server {self.index}"
             )
-        shards = checkpoint.read_tables(dirname, meta, self.tables)
+        files = table_files.read_tables(dirname, meta, self.tables)
         # Everything is checked: from here on nothing is refused.
-        for table, shard in shards:
-            keep = shard_of(as_u64(shard["ids"].numpy()), self.server_num) == self.index
-            table.load_state_dict(shard, keep=keep)
+        table_files.load_tables(
+            files, owns=lambda ids: shard_of(ids, self.server_num) == self.index
+        )
         with self._dense_lock, torch.no_grad():
             for i in self.owned:
                 self.dense[i].copy_(values[i])
@@ -344,9 +346,9 @@ def barrier(worker: int) -> Future:
     return _current().barrier(worker)
 
 
-def save(dirname: str) -> None:
-    """Writes this server's shards into ``dirname``."""
-    _current().save(dirname)
+def save(dirname: str, kind: str) -> None:
+    """Writes this server's shards (``kind``: "base" or "delta") into ``dirname``."""
+    _current().save(dirname, kind)
 
 
 def load(dirname: str) -> None:

@@ -224,7 +224,7 @@ OPS: dict[str, tuple[Any, ...]] = {
     "geo_push": ("int", _SPARSE, _DENSE),
     "worker_done": ("int",),
     "barrier": ("int",),
-    "save": ("str",),
+    "save": ("str", "str"),
     "load": ("str",),
     "table_size": ("str",),
     "set_pass": ("int",),
