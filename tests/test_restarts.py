@@ -284,6 +284,10 @@ def test_max_restarts_is_refused_where_it_cannot_restart(capsys):
     with pytest.raises(SystemExit):
         fleetrun(["--server_num=1", "--worker_num=1", "--max_restarts=-1", "job.py"])
     assert "--max_restarts must be >= 0, got -1" in capsys.readouterr().err
+    # Half of a job on loopback aliases (another fleetrun starts 127.0.0.3's half).
+    with pytest.raises(SystemExit, match="127.0.0.3:6002 belong to another fleetrun"):
+        fleetrun(["--servers=127.0.0.2:6001,127.0.0.3:6002", "--workers=127.0.0.2:6003",
+                  "--host=127.0.0.2", "--max_restarts=1", "job.py"])
 
 
 def test_the_checkpoint_record(tmp_path, monkeypatch):

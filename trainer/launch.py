@@ -392,11 +392,17 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
     # set_num_threads(1) taken out: 2-6k records/s per worker without, 17-133k
     # with). torchrun does the same for several processes per node.
     common.setdefault("OMP_NUM_THREADS", "1")
-    if args.max_restarts and _remote_endpoints(servers + workers):
+    others = [
+        endpoints[i] for endpoints in (servers, workers)
+        for i in sorted(set(range(len(endpoints))) - set(_on_this_host(args, endpoints)))
+    ]
+    if args.max_restarts and others:
+        # Two fleetruns on one machine (--host on loopback aliases) count too:
+        # each could restart only its own processes.
         raise SystemExit(
-            f"fleetrun: --max_restarts restarts the processes this fleetrun started; the "
-            f"{_remote_endpoints(servers + workers)} are on other hosts, whose processes "
-            "it cannot restart (restarts are for jobs on one host)"
+            f"fleetrun: --max_restarts restarts the processes this fleetrun started; "
+            f"{', '.join(others)} belong to another fleetrun, whose processes it cannot "
+            "restart (restarts are for jobs that one fleetrun starts whole)"
         )
     record = os.path.abspath(os.path.join(args.log_dir, restart.RECORD_FILE))
     with contextlib.suppress(FileNotFoundError):
