@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -42,11 +42,12 @@ import torch
 
 from ..job.errors import CheckpointError
 from ._rows import IdIndex, adagrad_rows, pull_rows, sgd_rows
-from .describe import is_float_rows, is_int, shown
+from .describe import shown
 from .entries import CtrAccessorParam, EntryAttr
 from .ids import as_u64, init_rows, mix64, shard_of, table_seed
 from .optim import OptimizerSpec
 from .rowstats import RowStats
+from .saved_rows import check_rows, selected_columns, ticks_of_passes
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +465,8 @@ class SparseTable:
     # -- persistence --------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Every row and its optimizer state, as tensors (``torch.load(weights_only=True)``)."""
+        """Every row and its optimizer state, as tensors (copies): ``ids``
+        (int64), ``weights``, ``state.<key>`` (saves stream: ``export_rows``)."""
         with self._lock:
             n = self._index.size
             out: dict[str, Any] = {
@@ -478,87 +480,90 @@ class SparseTable:
                 out["state." + key] = torch.from_numpy(array[:n].copy())
         return out
 
+    def export_rows(
+        self,
+        begin: Callable[[dict[str, Any]], None],
+        write: Callable[[dict[str, np.ndarray]], None],
+        *,
+        delta: bool = False,
+        chunk_rows: int = 1 << 16,
+    ) -> np.ndarray:
+        """Streams the rows (``delta``: those changed since the last save) for
+        a save, with no second copy of the table, under the lock throughout (one
+        snapshot): ``begin(header)`` (``rows``, ``pass``, ``optimizer``), then
+        ``write(columns)`` per chunk of at most ``chunk_rows`` rows (columns as
+        in ``saved_rows``, valid during the call only); then marks the rows
+        saved. Returns the ids dropped since the last save (a delta deletes them).
+
+        Raises:
+            CheckpointError: a delta of a table neither saved nor loaded
+                before (the ids dropped since are not known).
+        """
+        with self._lock:
+            stats = self._stats
+            if delta and stats.dropped is None:
+                raise CheckpointError(
+                    f"table '{self.name}': a delta save needs an earlier save or load of the "
+                    "table (dropped ids are recorded from then on); save a base (mode 0) first",
+                    path=self.name,
+                )
+            n = self._index.size
+            ids = self._index.ids_in_row_order()
+            rows = np.flatnonzero(stats.changed[:n]) if delta else None
+            count = n if rows is None else rows.shape[0]
+            current = stats.clock.current_pass
+            begin({"rows": count, "pass": current, "optimizer": self.optimizer.kind})
+            for start in range(0, count, chunk_rows):
+                stop = min(start + chunk_rows, count)
+                part = slice(start, stop) if rows is None else rows[start:stop]
+                columns = {"ids": ids[part], "weights": self._weights[part]}
+                for key, array in self._state.items():
+                    columns["state." + key] = array[part]
+                columns["show"] = stats.show[part]
+                columns["click"] = stats.click[part]
+                columns["last_seen_pass"] = current - stats.clock.unseen_passes(stats.last[part])
+                write(columns)
+            dropped = np.concatenate(stats.dropped) if stats.dropped else np.zeros(0, _U64)
+            stats.mark_saved(n)
+            return dropped
+
     def check_state_dict(
         self, state: Any, keep: np.ndarray | None = None, *, where: str | None = None
     ) -> None:
-        """Checks that ``state`` is rows saved by ``state_dict`` that fit this
-        table (its ``dim``; with the same optimizer kind, its state's shapes).
-
-        Args:
-            keep: as for ``load_state_dict``.
-            where: the file it was read from, for messages.
+        """Checks that ``state`` is saved rows that fit this table (``saved_rows``:
+        ``keep`` as for ``load_state_dict``, ``where`` the file, for messages).
 
         Raises:
             CheckpointError: a key missing, a value of the wrong type or shape,
                 or lengths that disagree.
         """
-        where = where or f"table '{self.name}'"
-
-        def refuse(message: str) -> CheckpointError:
-            return CheckpointError(f"{where}: {message}", path=where)
-
-        if not isinstance(state, Mapping):
-            raise refuse(f"expected a dict of the table's rows, found {type(state).__name__}")
-        for key in ("dim", "ids", "weights"):
-            if key not in state:
-                keys = shown(sorted(map(str, state)))
-                raise refuse(f"expected the key {key!r}, found keys {keys}")
-        if not is_int(state["dim"]) or state["dim"] != self.dim:
-            raise refuse(
-                f"'dim': expected {self.dim} (table '{self.name}'), found {shown(state['dim'])}"
-            )
-        ids = state["ids"]
-        if not (isinstance(ids, torch.Tensor) and ids.dtype == torch.int64 and ids.dim() == 1):
-            raise refuse(f"'ids': expected a 1-D int64 tensor, found {shown(ids)}")
-        n = ids.shape[0]
-        weights = state["weights"]
-        if is_float_rows(weights, self.dim) and weights.shape[0] != n:
-            raise refuse(f"expected as many rows of 'weights' as ids ({n}), found {len(weights)}")
-        if not (is_float_rows(weights, self.dim) and weights.shape[0] == n):
-            raise refuse(
-                f"'weights': expected a float tensor of shape [{n}, {self.dim}], "
-                f"found {shown(weights)}"
-            )
-        if keep is not None and not (
-            isinstance(keep, np.ndarray) and keep.dtype == np.bool_ and keep.shape == (n,)
-        ):
-            raise refuse(f"keep: expected {n} bools, found {shown(keep)}")
-        if state.get("optimizer") != self.optimizer.kind:
-            return  # its optimizer state is not loaded
-        for key, (shape, _dtype) in self.optimizer.state_layout().items():
-            saved = state.get("state." + key)
-            want = [n, *shape(self.dim)]
-            if not (
-                isinstance(saved, torch.Tensor)
-                and saved.is_floating_point()
-                and list(saved.shape) == want
-            ):
-                raise refuse(
-                    f"'state.{key}': expected a float tensor of shape {want} "
-                    f"({self.optimizer.kind}'s state of each row), found {shown(saved)}"
-                )
+        check_rows(state, self.dim, self.optimizer, keep, where=where or f"table '{self.name}'")
 
     def load_state_dict(
         self, state: Mapping[str, Any], keep: np.ndarray | None = None, *, where: str | None = None
     ) -> None:
-        """Loads rows saved by ``state_dict`` (rows of other tables' shards
-        included), keeping only the rows where ``keep`` is true when given.
-        Optimizer state of another optimizer kind is dropped (rows start fresh
-        state). Checks all of ``state`` first (``check_state_dict``): a refused
-        state adds no row."""
+        """Applies saved rows, checked first (a refused state changes nothing):
+        deletes the ``dropped`` ids, then writes the rows where ``keep`` is true
+        with their optimizer state (another optimizer's is not loaded: those
+        rows start fresh state) and statistics, starting the passes the table
+        has not reached (``saved_rows.ticks_of_passes``)."""
         self.check_state_dict(state, keep, where=where)
-        ids = as_u64(state["ids"].numpy())
-        weights = state["weights"].numpy()
-        same_optimizer = state.get("optimizer") == self.optimizer.kind
-        if keep is not None:
-            ids, weights = ids[keep], weights[keep]
+        ids, columns = selected_columns(state, self.optimizer, keep)
         with self._lock:
+            found = self._index.lookup(state.get("dropped", ids[:0]))
+            if (found >= 0).any():
+                kept = np.ones(self._index.size, dtype=bool)
+                kept[found[found >= 0]] = False
+                self._keep_rows(kept)
+            passes = columns.pop("last_seen_pass", None)
+            ticks = ticks_of_passes(self._stats.clock, passes, state.get("pass"), self.name)
             rows = self._insert(ids)
-            self._weights[rows] = weights
-            if same_optimizer:
-                for key in self._state:
-                    saved = state["state." + key].numpy()
-                    self._state[key][rows] = saved[keep] if keep is not None else saved
+            for key, values in columns.items():
+                target = self._weights if key == "weights" else self._state.get(key[6:])
+                (getattr(self._stats, key) if target is None else target)[rows] = values
+            if ticks is not None:
+                self._stats.last[rows] = ticks
+            self._stats.changed[rows] = 1
 
 
 def _grown(array: np.ndarray, rows: int) -> np.ndarray:
