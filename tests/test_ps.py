@@ -201,8 +201,8 @@ def test_rows_are_sharded_over_the_servers(mode_results):
     ckpt = Path(mode_results["async"]["ckpt"])
     assert sorted(p.name for p in ckpt.iterdir()) == [
         "dense.shard0.pt", "dense.shard1.pt", "meta.json",
-        "sparse.ps_emb.shard0.pt", "sparse.ps_emb.shard1.pt",
-        "sparse.ps_wide.shard0.pt", "sparse.ps_wide.shard1.pt",
+        "sparse.ps_emb.shard0.arrow", "sparse.ps_emb.shard1.arrow",
+        "sparse.ps_wide.shard0.arrow", "sparse.ps_wide.shard1.arrow",
     ]
 
 
