@@ -90,7 +90,8 @@ def child(config: dict) -> dict:
     for epoch in range(config["epochs"]):
         train.local_shuffle(seed=config["seed"] + epoch)
         summary = executor.train_from_dataset(
-            model, train, optimizer, thread=config["threads"], fetch_list=[]
+            model, train, optimizer, thread=config["threads"], fetch_list=[],
+            hogwild=config["threads"] > 1,
         )
         records += summary.records
         batches += summary.batches

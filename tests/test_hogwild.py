@@ -177,7 +177,7 @@ def test_threads_run_their_forwards_at_the_same_time(caplog):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with caplog.at_level(logging.WARNING, logger="trainer.executor"):
         summary = Executor().train_from_dataset(
-            model, ctr_batches(500, seed=1), optimizer, thread=2, fetch_list=[]
+            model, ctr_batches(500, seed=1), optimizer, thread=2, fetch_list=[], hogwild=True
         )
     assert sorted(met) == [0, 1]  # under one step lock the barrier would break
     assert summary.batches == 10 and summary.threads == 2
@@ -189,7 +189,7 @@ def test_unsupported_optimizer_steps_one_at_a_time_with_a_warning(caplog):
     optimizer = torch.optim.RMSprop(model.parameters(), lr=0.01)
     with caplog.at_level(logging.WARNING, logger="trainer.executor"):
         summary = Executor().train_from_dataset(
-            model, ctr_batches(500, seed=1), optimizer, thread=2, fetch_list=[]
+            model, ctr_batches(500, seed=1), optimizer, thread=2, fetch_list=[], hogwild=True
         )
     assert summary.batches == 10
     assert "RMSprop is not one of the optimizers updated lock-free" in caplog.text
@@ -204,7 +204,7 @@ def test_hogwild_threads_train_to_the_same_auc_band():
         model = CtrModel()
         optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
         for _ in range(2):
-            Executor().train_from_dataset(model, train, optimizer, thread=threads,
+            Executor().train_from_dataset(model, train, optimizer, thread=threads, hogwild=True,
                                           fetch_list=[])
         aucs[threads] = held_out_auc(model, test)
     # Measured gaps are below 0.003; the band leaves room for thread interleavings.
@@ -233,7 +233,7 @@ def test_no_sparse_update_is_lost(monkeypatch):
         push(gradients)
 
     monkeypatch.setattr(store, "push", counted_push)
-    summary = Executor().train_from_dataset(model, batches, optimizer, thread=3,
+    summary = Executor().train_from_dataset(model, batches, optimizer, thread=3, hogwild=True,
                                             fetch_list=[])
     assert summary.batches == len(batches)
     assert pushed == expected
@@ -258,7 +258,9 @@ def test_a_failing_thread_stops_every_thread_with_its_error():
     optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
     batches = ctr_batches(20000, seed=1)
     with pytest.raises(RuntimeError, match="batch 7 is broken"):
-        Executor().train_from_dataset(model, batches, optimizer, thread=3, fetch_list=[])
+        Executor().train_from_dataset(
+            model, batches, optimizer, thread=3, fetch_list=[], hogwild=True
+        )
     # Every thread stops at its next batch: at most one forward each after the failure.
     assert len(seen_after_failure) <= 2
     assert not [t for t in threading.enumerate() if t.name.startswith("trainer-worker")]
