@@ -93,6 +93,15 @@ class Host:
         self.holder.stderr.close()
 
 
+
+def _host_env() -> dict[str, str]:
+    """This process's environment for a "host"'s processes, without the interface
+    pins that earlier in-process tests leave in it (gloo on ``lo`` cannot reach
+    another namespace), with the job's key."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    return dict(env, PYTHONPATH=str(REPO), FLEETFEED_JOB_KEY=JOB_KEY)
+
 def _address(hex_text: str, width: int) -> str:
     raw = bytes.fromhex(hex_text)
     if width == 8:  # one little-endian 32-bit word
@@ -136,7 +145,7 @@ def run_on_hosts(
 ) -> tuple[dict[str, subprocess.CompletedProcess], dict[str, set[tuple[str, int]]]]:
     """Starts each host's command in its namespace, samples every host's
     listening sockets until all end; the results and the sockets seen."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), FLEETFEED_JOB_KEY=JOB_KEY)
+    env = _host_env()
     env.pop("POD_IP", None)
     processes = {
         name: subprocess.Popen(
@@ -155,15 +164,24 @@ def run_on_hosts(
                 seen[name] |= host.listening()
             time.sleep(0.2)
     finally:
+        # SIGTERM first: fleetrun then stops its whole process tree (a SIGKILL
+        # would leave its servers and workers running).
         for process in processes.values():
             if process.poll() is None:
+                process.terminate()
+        for process in processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
+        outputs = {name: p.stdout.read() for name, p in processes.items()}
+        for process in processes.values():
+            process.stdout.close()
     results = {
-        name: subprocess.CompletedProcess(p.args, p.wait(), p.stdout.read())
+        name: subprocess.CompletedProcess(p.args, p.returncode, outputs[name])
         for name, p in processes.items()
     }
-    for process in processes.values():
-        process.stdout.close()
     return results, seen
 
 
@@ -243,7 +261,7 @@ def test_losing_one_host_ends_the_other_hosts_part_with_an_error(
     # to server 1, and host A's fleetrun stops server 0 and exits non-zero.
     servers = "10.77.2.1:24021,10.77.3.1:24021"
     workers = "10.77.2.1:24022,10.77.3.1:24022"
-    env = dict(os.environ, PYTHONPATH=str(REPO), FLEETFEED_JOB_KEY=JOB_KEY)
+    env = _host_env()
     script_args = [str(WIDE_AND_DEEP), "--lines", "20000", "--epochs", "20", "--print-period",
                    "5", "--data", str(tmp_path / "data")]
     launchers = {
