@@ -44,6 +44,12 @@ from trainer import fleet
 train.main(sys.argv[1:])
 if fleet.is_worker():
     print("workers in the group:", fleet.util.all_reduce(1), flush=True)
+    import time
+
+    from trainer import collective
+
+    time.sleep(1.0)  # the group's sockets stay up for the test's sampler (every 0.2 s)
+    collective.destroy()  # leave the workers' group before exit, as a script should
 """
 
 

@@ -243,6 +243,11 @@ MEMORY_SCRIPT = textwrap.dedent("""
     for start in range(0, ids.shape[0], 200_000):
         table.pull(ids[start:start + 200_000])
     table_bytes = table.stats()["bytes"]
+    # A small save first: the code a first save loads (pyarrow's IPC writer,
+    # its allocator) is not a cost of the table's size.
+    warm = SparseTable("warm", 8, OptimizerSpec("adagrad", {"lr": 0.1}))
+    warm.pull(ids[:1000])
+    table_files.write_shard(warm, checkpoint.staging_dir(sys.argv[1] + ".warm"), 0, delta=False)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS: the peak of the save alone
     before = status("VmRSS")

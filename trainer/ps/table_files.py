@@ -74,7 +74,7 @@ __all__ = [
 ]
 
 TABLE_FORMAT_VERSION = "1"
-CHUNK_ROWS = 1 << 16
+CHUNK_ROWS = 1 << 14  # rows per Arrow batch: a save holds a few batches at a time
 _META_KEYS = ("fleetfeed.table_format", "table", "dim", "optimizer", "kind", "pass", "shard",
               "content")
 _STAT_FIELDS = [("show", pa.float32()), ("click", pa.float32()),
