@@ -15,6 +15,7 @@ and ``RowParallelLinear`` are built from them.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import gc
 import logging
@@ -104,6 +105,7 @@ def init_collective(
             backend, store=store, rank=rank, world_size=world_size, timeout=_timeout
         )
         _store = store
+        atexit.register(_leave_at_exit)  # once per group; a no-op after destroy()
     except Exception as error:  # torch raises several types (DistStoreError, RuntimeError)
         raise WorkerFailedError(
             f"rank {rank} of {world_size}: the process group at {master_endpoint} did "
@@ -135,6 +137,18 @@ def destroy(wait_for_peers: bool = True) -> None:
         # Free finished work objects and dead wrappers now: gloo objects that
         # outlive the interpreter's finalization abort the process at exit.
         gc.collect()
+
+
+def _leave_at_exit() -> None:
+    """A group still formed when the interpreter exits (the script never called
+    ``destroy``/``stop_worker``) is destroyed first, without waiting for peers:
+    left to interpreter shutdown, gloo's and the store's threads can abort the
+    process ("terminate called without an active exception")."""
+    if dist.is_initialized():
+        try:
+            destroy(wait_for_peers=False)
+        except Exception as error:  # noqa: BLE001 - exiting anyway; say why, do not mask
+            logger.debug("destroying the process group at exit failed: %s", error)
 
 
 def _rank() -> int:
