@@ -177,3 +177,37 @@ def reserved_ports(count: int, host: str = "127.0.0.1") -> Iterator[list[int]]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def finish_job(procs: list, timeout: float, log_dir: Path) -> None:
+    """Waits for every process of a test job (``timeout`` seconds in all), kills
+    what is left, and asserts that each exited 0, showing the logs in
+    ``log_dir`` (``*.log``) otherwise."""
+    try:
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.wait(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    logs = {p.name: p.read_text()[-3000:] for p in log_dir.glob("*.log")}
+    assert [p.returncode for p in procs] == [0] * len(procs), logs
+
+
+def communicate_all(procs: list, timeout: float) -> list[str]:
+    """The output of every process (``timeout`` seconds in all, piped stdout);
+    kills and reaps what is left, on success and on failure."""
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outputs.append(out.decode(errors="replace"))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return outputs

@@ -6,12 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from support import REPO, reserved_ports, small_line
+from support import REPO, communicate_all, reserved_ports, small_line
 
 from datafeed import InMemoryDataset
 from datafeed.global_shuffle import GlobalShuffleError
@@ -203,17 +202,7 @@ def _run_job(
                     stderr=subprocess.STDOUT,
                 )
             )
-        deadline = time.monotonic() + timeout
-        outputs = []
-        try:
-            for proc in procs:
-                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                outputs.append(out.decode(errors="replace"))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+        outputs = communicate_all(procs, timeout)
     results = []
     for rank in range(world):
         path = tmp_path / f"rank{rank}.json"

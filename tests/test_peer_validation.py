@@ -15,11 +15,10 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from support import REPO, reserved_ports, small_line
+from support import REPO, communicate_all, reserved_ports, small_line
 
 # Each attack, and what rank 0's error must say about it.
 ATTACKS = {
@@ -304,17 +303,7 @@ def _run(tmp_path: Path, attacks: list[str], timeout: float = 120.0,
                 [sys.executable, str(script), str(tmp_path), str(REPO), json.dumps(attacks)],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             ))
-        deadline = time.monotonic() + timeout
-        outputs = []
-        try:
-            for proc in procs:
-                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                outputs.append(out.decode(errors="replace"))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+        outputs = communicate_all(procs, timeout)
     log = "\n".join(outputs)
     path = tmp_path / "rank0.json"
     assert path.exists(), f"rank 0 wrote no result:\n{log}"

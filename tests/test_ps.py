@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support import reserved_ports, wait_for
+from support import finish_job, reserved_ports, wait_for
 from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,17 +159,7 @@ def run_job(tmp_path: Path, mode: str, servers: int = 1, workers: int = 2, **ext
                  for i in range(servers)]
         procs += [start({**base, "role": "worker", "index": i}, tmp_path, f"worker{i}")
                   for i in range(workers)]
-        try:
-            deadline = time.monotonic() + JOB_TIMEOUT
-            for proc in procs:
-                proc.wait(timeout=max(1, deadline - time.monotonic()))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    logs = {p.name: p.read_text()[-3000:] for p in tmp_path.glob("*.log")}
-    assert [p.returncode for p in procs] == [0] * len(procs), logs
+        finish_job(procs, JOB_TIMEOUT, tmp_path)
     return json.loads((tmp_path / "result.0").read_text())
 
 

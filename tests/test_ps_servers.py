@@ -22,14 +22,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from support import reserved_ports
+from support import finish_job, reserved_ports
 from test_ps import JOB_TIMEOUT, Model, Strategy, auc, batches, loss_of, run_job
 from torch import nn
 
@@ -476,17 +475,7 @@ def run_reshard_job(
                 config = json.dumps({**base, "role": role, "index": index})
                 procs.append(subprocess.Popen([sys.executable, __file__, config],
                                               stdout=log, stderr=subprocess.STDOUT))
-        try:
-            deadline = time.monotonic() + JOB_TIMEOUT
-            for proc in procs:
-                proc.wait(timeout=max(1, deadline - time.monotonic()))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    logs = {p.name: p.read_text()[-3000:] for p in tmp.glob("*.log")}
-    assert [p.returncode for p in procs] == [0] * len(procs), logs
+        finish_job(procs, JOB_TIMEOUT, tmp)
     return json.loads((tmp / "result").read_text())
 
 

@@ -11,13 +11,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from support import reserved_ports
+from support import finish_job, reserved_ports
 from test_ps import auc, batches, loss_of
 from torch import nn
 
@@ -342,17 +341,7 @@ def run_job(tmp_path: Path, servers: int) -> dict:
                         [str(REPO), os.environ.get("PYTHONPATH", "")]
                     )},
                 ))
-        try:
-            deadline = time.monotonic() + JOB_TIMEOUT
-            for proc in procs:
-                proc.wait(timeout=max(1, deadline - time.monotonic()))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    logs = {p.name: p.read_text()[-3000:] for p in tmp_path.glob("*.log")}
-    assert [p.returncode for p in procs] == [0] * len(procs), logs
+        finish_job(procs, JOB_TIMEOUT, tmp_path)
     return json.loads((tmp_path / "result.json").read_text())
 
 
