@@ -58,7 +58,7 @@ from typing import IO, NoReturn
 from .job import hosts, keys, restart
 from .job.errors import CheckpointError
 
-__all__ = ["main"]
+__all__ = ["main", "one_thread_unless_chosen"]
 
 LOG_TAIL_LINES = 20
 STOP_GRACE_SECONDS = 5.0
@@ -391,7 +391,7 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
     # examples/wide_and_deep_ps (1 server + 2 workers, 2 cores, with its own
     # set_num_threads(1) taken out: 2-6k records/s per worker without, 17-133k
     # with). torchrun does the same for several processes per node.
-    common.setdefault("OMP_NUM_THREADS", "1")
+    one_thread_unless_chosen(common)
     others = [
         endpoints[i] for endpoints in (servers, workers)
         for i in sorted(set(range(len(endpoints))) - set(_on_this_host(args, endpoints)))
@@ -427,6 +427,13 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
             file=sys.stderr, flush=True,
         )
     return status
+
+
+def one_thread_unless_chosen(env: dict[str, str]) -> None:
+    """Sets ``OMP_NUM_THREADS=1`` in ``env`` unless it holds a non-empty value
+    (an empty one means torch's default pool, a thread per core, as unset does)."""
+    if not env.get("OMP_NUM_THREADS", "").strip():
+        env["OMP_NUM_THREADS"] = "1"
 
 
 def _run_ps_attempt(
