@@ -16,9 +16,10 @@ from torch import nn
 
 from datafeed import Ragged
 from trainer import Executor
-from trainer.hogwild import SUPPORTED_OPTIMIZERS, HogwildStep, HogwildUpdate
+from trainer.hogwild import SUPPORTED_OPTIMIZERS, HogwildStep
 from trainer.nn import SparseEmbedding
 from trainer.ps import ParameterServerRuntime, sparse
+from trainer.ps.dense_update import DenseUpdate
 from trainer.role import ClusterRole
 
 _names = itertools.count()
@@ -107,7 +108,7 @@ def test_one_threads_update_equals_torchs_step_bit_for_bit(cls, hyper):
     hogwild = copy.deepcopy(reference)
     torch_optimizer = cls(reference.parameters(), **hyper)
     optimizer = cls(hogwild.parameters(), **hyper)
-    update = HogwildUpdate(optimizer)
+    update = DenseUpdate(optimizer)
     for _ in range(4):
         x = torch.randn(8, 5)
         torch_optimizer.zero_grad()
@@ -131,9 +132,9 @@ def test_one_threads_update_equals_torchs_step_bit_for_bit(cls, hyper):
 def test_other_optimizers_and_modes_are_refused_with_the_supported_ones():
     model = nn.Linear(2, 1)
     with pytest.raises(ValueError, match=r"RMSprop .*\('SGD', 'Adagrad', 'Adam', 'AdamW'\)"):
-        HogwildUpdate(torch.optim.RMSprop(model.parameters()))
+        DenseUpdate(torch.optim.RMSprop(model.parameters()))
     with pytest.raises(ValueError, match="sets differentiable=True"):
-        HogwildUpdate(torch.optim.SGD(model.parameters(), lr=0.1, differentiable=True))
+        DenseUpdate(torch.optim.SGD(model.parameters(), lr=0.1, differentiable=True))
     with pytest.raises(ValueError, match="not a torch optimizer"):
         HogwildStep(object())
     assert SUPPORTED_OPTIMIZERS == ("SGD", "Adagrad", "Adam", "AdamW")

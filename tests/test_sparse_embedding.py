@@ -193,6 +193,20 @@ def test_pooling_matches_embedding_bag(lengths, mode):
     sparse.clear_pending()
 
 
+def test_offsets_known_uniform_are_checked_again_once_changed():
+    emb = SparseEmbedding(2, fresh())
+    ids = torch.tensor([5, 6, 7])
+    offsets = torch.tensor([0, 1, 2, 3])  # one id per record: the gather alone
+    rows = emb(ids)
+    torch.testing.assert_close(emb(Ragged(ids, offsets)), rows)
+    offsets[1] = 2  # the same tensor, now records of 2, 0 and 1 ids
+    out = emb(Ragged(ids, offsets))
+    torch.testing.assert_close(out, torch.stack([rows[0] + rows[1], torch.zeros(2), rows[2]]))
+    with pytest.raises(ValueError, match=r"must not decrease, got \[1\] after \[2\]"):
+        emb(Ragged(ids, torch.tensor([0, 2, 1, 3])))
+    sparse.clear_pending()
+
+
 def test_tables_sharing_an_input_reuse_its_distinct_ids_until_it_changes():
     wide, deep = SparseEmbedding(1, fresh()), SparseEmbedding(2, fresh())
     ids = torch.tensor([5, 3, 5, 9])

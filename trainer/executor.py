@@ -423,8 +423,9 @@ class _Run:
                 f"{sorted(outputs)}"
             )
         loss = outputs.get("loss")
-        loss_value = float(loss.detach().float().mean()) if loss is not None else None
-        detached = {name: value.detach() for name, value in outputs.items()}
+        loss_value = None
+        if loss is not None:
+            loss_value = loss.item() if loss.numel() == 1 else float(loss.detach().float().mean())
         with self.stats_lock:
             self.batches += 1
             self.records += size
@@ -433,11 +434,15 @@ class _Run:
                 self.loss_batches += 1
             for phase, seconds in zip(_PHASES, phases, strict=True):
                 self.timings[phase] += seconds
+            printing = self.batches % self.print_period == 0
+            if not (self.keep_latest or self.fetch_handler is not None or printing):
+                return
+            detached = {name: value.detach() for name, value in outputs.items()}
             if self.keep_latest:
                 self.latest = (detached, batch)
             if self.fetch_handler is not None:
                 self.fetch_handler(detached)
-            if self.batches % self.print_period == 0:
+            if printing:
                 if self.names and any(name in detached for name in self.names):
                     print(self._fetch_line(detached), flush=True)
                 if self.debug:

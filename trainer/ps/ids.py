@@ -30,8 +30,9 @@ def mix64(x: np.ndarray) -> np.ndarray:
 def as_u64(ids: np.ndarray | torch.Tensor) -> np.ndarray:
     """The ids' 64 bits as a uint64 numpy array (int64 tensors carry uint64 ids)."""
     if isinstance(ids, torch.Tensor):
-        ids = ids.detach().to("cpu").numpy()
-    ids = np.ascontiguousarray(ids)
+        ids = ids.numpy() if ids.is_cpu and not ids.requires_grad else ids.detach().cpu().numpy()
+    if not isinstance(ids, np.ndarray) or not ids.flags.c_contiguous:
+        ids = np.ascontiguousarray(ids)
     if ids.dtype == np.uint64:
         return ids.reshape(-1)
     if ids.dtype != np.int64:

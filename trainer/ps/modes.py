@@ -32,6 +32,7 @@ from ..job.errors import TrainerError
 from . import server as handlers
 from . import sparse, transport
 from .client import GeoStore, RemoteStore, copy_dense, dense_grads, shard_dense, shard_sparse
+from .dense_update import step_from_grads
 from .sparse import TableConfig
 from .table import SparseTable
 
@@ -133,7 +134,7 @@ class LocalMode(TrainingMode):
 
     def step(self) -> None:
         """Runs the optimizer, then each sparse table's on its pulled rows."""
-        self._torch_optimizer().step()
+        step_from_grads(self._torch_optimizer())
         sparse.local_store().push(sparse.take_gradients())
 
 
@@ -252,7 +253,7 @@ class GeoMode(TrainingMode):
     def step(self) -> None:
         """Trains the local copy; every ``k_steps``-th step sends a sync."""
         store = self._store()
-        self._torch_optimizer().step()
+        step_from_grads(self._torch_optimizer())
         store.apply(sparse.take_gradients())
         with self._lock:
             self._steps += 1

@@ -340,5 +340,7 @@ def take_gradients() -> dict[str, tuple[np.ndarray, torch.Tensor]]:
             ids, inverse = torch.unique(all_ids, return_inverse=True)
             grad = torch.zeros(ids.shape[0], all_grads.shape[1], dtype=all_grads.dtype)
             grad.index_add_(0, inverse, all_grads)
-        out[name] = (as_u64(ids), grad.detach().to(torch.float32))
+        if grad.dtype != torch.float32 or grad.requires_grad:
+            grad = grad.detach().to(torch.float32)
+        out[name] = (as_u64(ids), grad)
     return out

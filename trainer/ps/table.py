@@ -574,8 +574,11 @@ def _grown(array: np.ndarray, rows: int) -> np.ndarray:
 
 def _as_f32(values: torch.Tensor | np.ndarray, n: int, dim: int, name: str) -> np.ndarray:
     if isinstance(values, torch.Tensor):
-        values = values.detach().to("cpu", torch.float32).numpy()
-    values = np.asarray(values, dtype=np.float32)
+        if values.dtype != torch.float32 or not values.is_cpu or values.requires_grad:
+            values = values.detach().to("cpu", torch.float32)
+        values = values.numpy()
+    else:
+        values = np.asarray(values, dtype=np.float32)
     if values.shape != (n, dim):
         raise ValueError(
             f"table '{name}': expected values of shape ({n}, {dim}), got {tuple(values.shape)}"
