@@ -110,12 +110,18 @@ def test_fetch_list_empty_prints_nothing_and_debug_prints_timings(tmp_path, caps
     assert len(debug_lines) == 2 + 1  # one per batch, then the summary
     assert re.search(
         r"batch: \[2\], data wait: [0-9.]+ ms/batch, forward: [0-9.]+ ms/batch, "
-        r"backward: [0-9.]+ ms/batch, step: [0-9.]+ ms/batch, IO percent: [0-9.]+%, "
-        r"[0-9.]+ records/s",
+        r"backward: [0-9.]+ ms/batch, step: [0-9.]+ ms/batch \(pull: [0-9.]+, "
+        r"optimizer: [0-9.]+, push: [0-9.]+\), IO percent: [0-9.]+%, [0-9.]+ records/s",
         debug_lines[-1],
     )
-    assert set(summary.timings) == {"data_wait", "forward", "backward", "step"}
-    assert summary.timings["forward"] > 0 and summary.timings["step"] > 0
+    assert set(summary.timings) == {
+        "data_wait", "forward", "backward", "step", "pull", "optimizer", "push"
+    }
+    timings = summary.timings
+    assert timings["forward"] > 0 and timings["step"] > 0
+    # No sparse rows: no pull; a plain torch optimizer's step is all optimizer.
+    assert timings["pull"] == 0.0 and 0 < timings["optimizer"] <= timings["step"]
+    assert timings["push"] == pytest.approx(timings["step"] - timings["optimizer"], abs=1e-3)
 
 
 def test_infer_leaves_parameters_alone_and_feeds_the_handler(tmp_path):

@@ -265,3 +265,17 @@ def test_a_failing_thread_stops_every_thread_with_its_error():
     # Every thread stops at its next batch: at most one forward each after the failure.
     assert len(seen_after_failure) <= 2
     assert not [t for t in threading.enumerate() if t.name.startswith("trainer-worker")]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_step_timings_split_into_pull_optimizer_and_push(threads):
+    model = CtrModel(seed=4)
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    summary = Executor().train_from_dataset(
+        model, ctr_batches(2000, seed=4), optimizer, thread=threads, fetch_list=[],
+        hogwild=threads > 1,
+    )
+    timings = summary.timings
+    assert 0 < timings["pull"] < timings["forward"]
+    assert timings["optimizer"] > 0 and timings["push"] > 0
+    assert timings["optimizer"] + timings["push"] == pytest.approx(timings["step"], rel=1e-6)

@@ -40,6 +40,8 @@ from datafeed.memory import release_free_memory
 from . import fleet
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
 from .hogwild import HogwildStep
+from .ps.dense_update import clear_grads, step_from_grads
+from .ps.step_clock import thread_totals
 from .run_summary import RunSummary, input_stats, log_summary
 
 __all__ = ["Executor", "FetchHandler", "RunSummary"]
@@ -47,6 +49,9 @@ __all__ = ["Executor", "FetchHandler", "RunSummary"]
 logger = logging.getLogger("trainer.executor")
 
 _PHASES = ("data_wait", "forward", "backward", "step")
+# Parts of them (trainer/ps/step_clock.py): the rows pulled in the forward; the
+# step's dense optimizer update, and the rest of the step, the sparse push.
+_PARTS = ("pull", "optimizer", "push")
 
 
 class _Stop(Exception):
@@ -310,7 +315,7 @@ class _Run:
         self.records = 0
         self.loss_sum = 0.0
         self.loss_batches = 0
-        self.timings = dict.fromkeys(_PHASES, 0.0)
+        self.timings = dict.fromkeys(_PHASES + _PARTS, 0.0)
         self.last_fetch: dict[str, list[float]] = {}
         self.started = time.perf_counter()
         self.hogwild: HogwildStep | None = None  # None: steps under step_lock
@@ -384,6 +389,7 @@ class _Run:
             if self.device is not None:
                 batch = _to_device(batch, self.device)
             waited = clock() - t0
+            pulled, updated = thread_totals()
             if self.hogwild is not None:
                 t1 = clock()
                 outputs = _check_outputs(self.model(batch), need_loss=True)
@@ -397,21 +403,38 @@ class _Run:
                     t1 = clock()
                     outputs = _check_outputs(self.model(batch), need_loss=True)
                     t2 = clock()
-                    self.optimizer.zero_grad(set_to_none=True)
+                    self._zero_grad()
                     outputs["loss"].backward()
                     t3 = clock()
-                    self.optimizer.step()
+                    self._step()
                     t4 = clock()
             else:
                 t1 = clock()
                 outputs = _check_outputs(self.model(batch), need_loss=False)
                 t2 = t3 = t4 = clock()
-            self._account(batch, outputs, (waited, t2 - t1, t3 - t2, t4 - t3))
+            pulled_now, updated_now = thread_totals()
+            optimizer = updated_now - updated
+            parts = (pulled_now - pulled, optimizer, max(0.0, t4 - t3 - optimizer))
+            self._account(batch, outputs, (waited, t2 - t1, t3 - t2, t4 - t3), parts)
+
+    def _zero_grad(self) -> None:
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            clear_grads(self.optimizer)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _step(self) -> None:
+        # A torch optimizer's update without step()'s machinery (same values).
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            step_from_grads(self.optimizer)
+        else:
+            self.optimizer.step()
 
     # -- accounting ------------------------------------------------------------------
 
     def _account(
-        self, batch: Any, outputs: Mapping[str, torch.Tensor], phases: tuple[float, ...]
+        self, batch: Any, outputs: Mapping[str, torch.Tensor], phases: tuple[float, ...],
+        parts: tuple[float, ...],
     ) -> None:
         size = _batch_size(batch)
         missing = [name for name in self.names if name not in outputs]
@@ -432,7 +455,7 @@ class _Run:
             if loss_value is not None:
                 self.loss_sum += loss_value
                 self.loss_batches += 1
-            for phase, seconds in zip(_PHASES, phases, strict=True):
+            for phase, seconds in zip(_PHASES + _PARTS, phases + parts, strict=True):
                 self.timings[phase] += seconds
             printing = self.batches % self.print_period == 0
             if not (self.keep_latest or self.fetch_handler is not None or printing):
@@ -545,12 +568,15 @@ def _debug_line(run: _Run, records: int, seconds: float, final: bool = False) ->
         f"{phase.replace('_', ' ')}: {run.timings[phase] / batches * 1e3:.3f} ms/batch"
         for phase in _PHASES
     )
-    busy = sum(run.timings.values())
+    parts = ", ".join(
+        f"{part}: {run.timings[part] / batches * 1e3:.3f}" for part in _PARTS
+    )
+    busy = sum(run.timings[phase] for phase in _PHASES)
     io_percent = 100.0 * run.timings["data_wait"] / busy if busy > 0 else 0.0
     rate = records / seconds if seconds > 0 else 0.0
     head = "summary" if final else f"time: [{time.strftime('%Y-%m-%d %H:%M:%S')}]"
     return (
-        f"{head}, batch: [{run.batches}], {phases}, IO percent: {io_percent:.1f}%, "
+        f"{head}, batch: [{run.batches}], {phases} ({parts}), IO percent: {io_percent:.1f}%, "
         f"{rate:.2f} records/s"
     )
 

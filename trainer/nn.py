@@ -10,6 +10,7 @@ by ``fleet.distributed_optimizer`` pushes their gradients on ``step()``.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .ps import sparse
+from .ps import sparse, step_clock
 from .ps.entries import (
     CountFilterEntry,
     CtrAccessorParam,
@@ -142,8 +143,10 @@ class SparseEmbedding(nn.Module):
             ids = ids.view(torch.int64)
         unique, inverse = sparse.distinct(ids)
         training = self.training and torch.is_grad_enabled()
+        started = time.perf_counter()
         rows = sparse.current_store().pull(self.config, unique, training)
         if training:
+            step_clock.add_pull(time.perf_counter() - started)
             rows.requires_grad_(True)
             sparse.record(self.name, unique, rows)
             if clicked is not None:

@@ -27,7 +27,10 @@ class RunSummary:
         seconds: wall-clock time of the call.
         threads: worker threads used.
         timings: seconds spent in each phase, summed over threads: ``data_wait``,
-            ``forward``, ``backward``, ``step`` (optimizer step / push).
+            ``forward``, ``backward``, ``step`` (optimizer step / push); and
+            parts of them: ``pull`` (sparse rows pulled in the forwards),
+            ``optimizer`` (the dense update in the steps) and ``push`` (the
+            rest of the steps: sparse gradients to the tables or servers).
         last_fetch: the last batch's values of each ``fetch_list`` entry, by
             ``fetch_info`` name.
         input: the dataset's ``stats()`` at the end of the pass (a

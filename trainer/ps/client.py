@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from . import server as handlers
+from .dense_update import clear_grads
 from .placement import dense_owners
 from .sparse import TableConfig
 from .table import SparseTable, as_u64, shard_of
@@ -310,16 +311,12 @@ class DistributedOptimizer:
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The wrapped optimizer's ``zero_grad``; setting the gradients to None
-        directly where that is all it would do (its profiler scope and dynamo
-        guard cost more than the assignments on a small model)."""
-        own = type(self.optimizer).zero_grad is not torch.optim.Optimizer.zero_grad
-        if not set_to_none or own or "zero_grad" in vars(self.optimizer):
-            self.optimizer.zero_grad(set_to_none=set_to_none)
-            return
-        for group in self.optimizer.param_groups:
-            for param in group["params"]:
-                param.grad = None
+        """The wrapped optimizer's ``zero_grad`` (``dense_update.clear_grads``
+        for ``set_to_none``: the same, without its machinery)."""
+        if set_to_none:
+            clear_grads(self.optimizer)
+        else:
+            self.optimizer.zero_grad(set_to_none=False)
 
     @property
     def mode_name(self) -> str | None:

@@ -27,6 +27,7 @@ Supported: ``SGD`` (momentum, dampening, Nesterov, weight decay), ``Adagrad``,
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +35,11 @@ from typing import Any
 import torch
 from torch.optim import optimizer as torch_optimizer_module
 
-__all__ = ["SUPPORTED_OPTIMIZERS", "DenseUpdate", "step_from_grads", "unsupported_reason"]
+from . import step_clock
+
+__all__ = [
+    "SUPPORTED_OPTIMIZERS", "DenseUpdate", "clear_grads", "step_from_grads", "unsupported_reason"
+]
 
 SUPPORTED_OPTIMIZERS = ("SGD", "Adagrad", "Adam", "AdamW")
 _KINDS = {
@@ -121,6 +126,11 @@ class DenseUpdate:
         self._apply(lambda param: param.grad)
 
     def _apply(self, grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
+        started = time.perf_counter()
+        self._apply_rule(grad_of)
+        step_clock.add_optimizer(time.perf_counter() - started)
+
+    def _apply_rule(self, grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
         state = self.optimizer.state
         with torch.no_grad():
             for group in self.optimizer.param_groups:
@@ -269,7 +279,9 @@ def step_from_grads(optimizer: torch.optim.Optimizer) -> None:
     else ``optimizer.step()`` itself."""
     update = _update_for(optimizer)
     if update is None:
+        started = time.perf_counter()
         optimizer.step()
+        step_clock.add_optimizer(time.perf_counter() - started)
         return
     update.apply_grads()
     if "step" in vars(optimizer):  # an lr scheduler's wrapper: it only notes the call
@@ -295,3 +307,16 @@ def _update_for(optimizer: torch.optim.Optimizer) -> DenseUpdate | None:
         update = DenseUpdate(optimizer) if unsupported_reason(optimizer) is None else None
         _updates[optimizer] = (groups, update)
     return update
+
+
+def clear_grads(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.zero_grad(set_to_none=True)``: the gradients set to None
+    directly where that is all it would do (its profiler scope and dynamo
+    guard cost more than the assignments on a small model)."""
+    own = type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad
+    if own or "zero_grad" in vars(optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = None
