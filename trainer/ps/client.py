@@ -40,6 +40,37 @@ def _int64(ids: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(ids).view(np.int64))
 
 
+class Routing:
+    """One step's distinct ids of a table, split by server once: the pull sends
+    each server its part, and the push of their gradients reuses the split.
+
+    Attributes:
+        ids: the distinct ids (uint64), as pulled.
+        index: per server, the positions of its ids (None: it owns none; with
+            one server, a single None entry stands for all of them).
+        parts: per server, its ids as the int64 tensor sent (None: none).
+    """
+
+    __slots__ = ("ids", "index", "parts")
+
+    def __init__(self, ids: np.ndarray, server_num: int) -> None:
+        self.ids = ids
+        if server_num == 1:
+            self.index: list[torch.Tensor | None] = [None]
+            self.parts: list[torch.Tensor | None] = [_int64(ids)]
+            return
+        positions = split_by_server(ids, server_num)
+        self.index = [torch.from_numpy(p) if p.size else None for p in positions]
+        self.parts = [_int64(ids[p]) if p.size else None for p in positions]
+
+    def holds(self, ids: np.ndarray) -> bool:
+        """Whether ``ids`` is the very array routed (its memory: the routing
+        keeps it alive, and distinct ids are never changed in place)."""
+        return ids.shape == self.ids.shape and (
+            ids.__array_interface__["data"][0] == self.ids.__array_interface__["data"][0]
+        )
+
+
 class RemoteStore:
     """Rows pulled from the servers on every forward.
 
@@ -48,13 +79,21 @@ class RemoteStore:
     same tensor of distinct ids) are learned as a group: from the next step on,
     the first table's pull fetches the whole group in one round trip per
     server, and the others take their rows from that prefetch.
+
+    A training pull remembers (per thread and table) how it split the ids
+    among the servers: the step's push takes it back (``routing``) instead of
+    hashing the ids again. With ``worker`` given, training pulls name the
+    worker, so that each server reuses the row numbers it found for the
+    worker's push of the same ids (``server.pull_step``).
     """
 
-    def __init__(self, servers: ServerSet) -> None:
+    def __init__(self, servers: ServerSet, worker: int | None = None) -> None:
         self.servers = servers
+        self.worker = worker
         self._followers: dict[str, tuple[TableConfig, ...]] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()  # last pull, prefetched rows (per thread)
+        # Per thread: the last pull, prefetched rows, routings of training pulls.
+        self._local = threading.local()
 
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
         local = self._local
@@ -80,39 +119,63 @@ class RemoteStore:
             }
         return rows[0]
 
+    def routing(self, name: str, ids: np.ndarray) -> Routing | None:
+        """The routing of this thread's last training pull of table ``name``
+        if it pulled ``ids`` (the same array); taken: a step pushes once."""
+        routes = getattr(self._local, "routes", None)
+        route = routes.pop(name, None) if routes else None
+        return route if route is not None and route.holds(ids) else None
+
     def _fetch(
         self, configs: Sequence[TableConfig], ids: torch.Tensor, training: bool
     ) -> list[torch.Tensor]:
         names = [c.name for c in configs]
-        u64 = as_u64(ids)
+        route = Routing(as_u64(ids), len(self.servers))
+        if training:
+            routes = getattr(self._local, "routes", None)
+            if routes is None:
+                routes = self._local.routes = {}
+            for name in names:
+                routes[name] = route
+        if training and self.worker is not None:
+            op, lead = handlers.pull_step, (self.worker, names)
+        else:
+            op, lead = handlers.pull_tables, (names,)
+        tail = (training,) if op is handlers.pull_tables else ()
         if len(self.servers) == 1:
-            return self.servers.call(0, handlers.pull_tables, names, _int64(u64), training)
-        outs = [torch.empty(u64.shape[0], c.dim, dtype=torch.float32) for c in configs]
-        futures = []
-        for s, positions in enumerate(split_by_server(u64, len(self.servers))):
-            if positions.size:
-                futures.append((s, positions, self.servers.call_async(
-                    s, handlers.pull_tables, names, _int64(u64[positions]), training
-                )))
-        for s, positions, future in futures:
-            index = torch.from_numpy(positions)
-            for out, part in zip(outs, self.servers.wait(s, future, "pull_tables"), strict=True):
+            return self.servers.call(0, op, *lead, route.parts[0], *tail)
+        outs = [torch.empty(route.ids.shape[0], c.dim, dtype=torch.float32) for c in configs]
+        futures = [
+            (s, index, self.servers.call_async(s, op, *lead, part, *tail))
+            for s, (index, part) in enumerate(zip(route.index, route.parts, strict=True))
+            if part is not None
+        ]
+        for s, index, future in futures:
+            for out, part in zip(outs, self.servers.wait(s, future, op.__name__), strict=True):
                 out[index] = part
         return outs
 
 
 def shard_sparse(
-    gradients: dict[str, tuple[np.ndarray, torch.Tensor]], server_num: int
+    gradients: dict[str, tuple[np.ndarray, torch.Tensor]], server_num: int,
+    routing: Callable[[str, np.ndarray], Routing | None] | None = None,
 ) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """Per server: table -> (int64 ids, values) of the rows it owns."""
-    if server_num == 1:
-        return [{name: (_int64(ids), values) for name, (ids, values) in gradients.items()}]
+    """Per server: table -> (int64 ids, values) of the rows it owns.
+
+    ``routing(name, ids)``: the split of the pull that fetched those ids, if
+    known (``RemoteStore.routing``); the others are routed here.
+    """
     out: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(server_num)]
     for name, (ids, values) in gradients.items():
-        for s, positions in enumerate(split_by_server(ids, server_num)):
-            if positions.size:
-                index = torch.from_numpy(positions)
-                out[s][name] = (_int64(ids[positions]), values.index_select(0, index))
+        route = routing(name, ids) if routing is not None else None
+        if route is None:
+            route = Routing(ids, server_num)
+        if server_num == 1:
+            out[0][name] = (route.parts[0], values)
+            continue
+        for s, (index, part) in enumerate(zip(route.index, route.parts, strict=True)):
+            if part is not None:
+                out[s][name] = (part, values.index_select(0, index))
     return out
 
 

@@ -80,6 +80,7 @@ class TrainingMode:
         self.optimizer: torch.optim.Optimizer | None = None
         self.params: list[torch.Tensor] = []
         self._link: WorkerLink | None = None
+        self._remote: RemoteStore | None = None  # async, sync: where forwards pull
 
     def use(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
         """The model's torch optimizer and its dense parameters, in server order."""
@@ -90,11 +91,19 @@ class TrainingMode:
         """Starts working with the servers; returns the store forwards pull from.
         The dense parameters already hold the servers' values."""
         self._link = link
-        return RemoteStore(link.servers)
+        self._remote = RemoteStore(link.servers)
+        return self._remote
 
     def disconnect(self) -> None:
         """Forgets the servers (the worker left the job)."""
         self._link = None
+        self._remote = None
+
+    def _sparse_parts(self) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """This thread's sparse gradients per server, split as their pulls were."""
+        remote = self._remote
+        routing = None if remote is None else remote.routing
+        return shard_sparse(sparse.take_gradients(), len(self.link.servers), routing)
 
     @property
     def link(self) -> WorkerLink:
@@ -161,7 +170,7 @@ class AsyncMode(TrainingMode):
         servers = link.servers
         self._wait(threading.get_ident())
         n = len(servers)
-        sparse_parts = shard_sparse(sparse.take_gradients(), n)
+        sparse_parts = self._sparse_parts()
         # The gradients are sent while the caller goes on (zero_grad may reuse them).
         grads = {i: g.clone() for i, g in dense_grads(self.params).items()}
         dense_parts = shard_dense(grads, self.params, n)
@@ -171,6 +180,13 @@ class AsyncMode(TrainingMode):
         ]
         with self._lock:
             self._pushes[threading.get_ident()] = futures
+
+    def connect(self, link: WorkerLink) -> sparse.RowStore:
+        """A ``RemoteStore`` whose training pulls name this worker: each server
+        reuses the row numbers a pull found for the push of its gradients."""
+        self._link = link
+        self._remote = RemoteStore(link.servers, link.index)
+        return self._remote
 
     def settle(self) -> None:
         """Waits for every thread's push in flight."""
@@ -203,7 +219,7 @@ class SyncMode(TrainingMode):
         link = self.link
         servers = link.servers
         n = len(servers)
-        sparse_parts = shard_sparse(sparse.take_gradients(), n)
+        sparse_parts = self._sparse_parts()
         dense_parts = shard_dense(dense_grads(self.params), self.params, n)
         args = [(link.index, sparse_parts[s], dense_parts[s]) for s in range(n)]
         # The step waits for the slowest worker: bounded by the start timeout.

@@ -26,16 +26,22 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import checkpoint, lifecycle, table_files
 from .placement import dense_owners
-from .table import SparseTable, shard_of
+from .step_rows import PulledRows, pull_numbered, push_numbered
+from .table import SparseTable, as_u64, shard_of
 
 log = logging.getLogger(__name__)
 
 SparsePart = Mapping[str, tuple[torch.Tensor, torch.Tensor]]  # table -> (ids int64, values)
 DensePart = Mapping[int, torch.Tensor]  # dense index -> values
+# Training pulls remembered per (worker, table) for the push of their
+# gradients: an async worker's next pull may overtake its push (the handler
+# pool runs both at once), so the last two.
+_PULLS_KEPT = 2
 
 
 class ParameterServer:
@@ -69,6 +75,8 @@ class ParameterServer:
         self._round: list[tuple[int, SparsePart, DensePart, Future]] = []
         self._barrier: dict[int, Future] = {}
         self._stopped: list[Future] = []  # worker_done calls waiting for the others
+        self._pulled: dict[tuple[int, str], list[PulledRows]] = {}
+        self._pulled_lock = threading.Lock()
 
     # -- description -----------------------------------------------------------
 
@@ -129,9 +137,48 @@ class ParameterServer:
 
     # -- pushes ------------------------------------------------------------------
 
-    def push(self, sparse: SparsePart, dense: DensePart) -> dict[int, torch.Tensor]:
+    def pull_step(
+        self, worker: int, names: Sequence[str], ids: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """A training pull of worker ``worker``: the rows of the same distinct
+        ``ids`` in each table of ``names``, remembering the row numbers found
+        for the push of their gradients (``step_rows``)."""
+        self.check_worker(worker)
+        u64 = as_u64(ids)
+        out = []
+        for name in names:
+            rows, pulled = pull_numbered(self.table(name), u64)
+            with self._pulled_lock:
+                recent = self._pulled.setdefault((worker, name), [])
+                recent.append(pulled)
+                del recent[:-_PULLS_KEPT]
+            out.append(rows)
+        return out
+
+    def _pulled_rows(self, worker: int, name: str, ids: np.ndarray) -> PulledRows | None:
+        """The remembered pull of ``ids`` by ``worker`` from table ``name``,
+        taken (a pull's gradients are pushed once), or None."""
+        with self._pulled_lock:
+            recent = self._pulled.get((worker, name))
+            for i, pulled in enumerate(recent or ()):
+                if pulled.matches(ids):
+                    del recent[i]
+                    return pulled
+        return None
+
+    def push(
+        self, sparse: SparsePart, dense: DensePart, worker: int | None = None
+    ) -> dict[int, torch.Tensor]:
+        """Applies gradients (async); rows that ``worker``'s ``pull_step``
+        found are updated at the row numbers it found. Returns the dense values."""
         for name, (ids, grads) in sparse.items():
-            self.table(name).push(ids, grads)
+            table = self.table(name)
+            u64 = as_u64(ids)
+            pulled = None if worker is None else self._pulled_rows(worker, name, u64)
+            if pulled is None:
+                table.push(u64, grads)
+            else:
+                push_numbered(table, grads, pulled)
         self.apply_dense(dense)
         return self.dense_values()
 
@@ -312,6 +359,12 @@ def pull_tables(names: Sequence[str], ids: torch.Tensor, create: bool) -> list[t
     return [server.table(name).pull(ids, create=create) for name in names]
 
 
+def pull_step(worker: int, names: Sequence[str], ids: torch.Tensor) -> list[torch.Tensor]:
+    """A worker's training pull of several tables' rows for the same distinct
+    ids; the server keeps the row numbers for the push of their gradients."""
+    return _current().pull_step(worker, names, ids)
+
+
 def pull_dense() -> dict[int, torch.Tensor]:
     """The dense parameters this server owns."""
     return _current().dense_values()
@@ -321,7 +374,7 @@ def push(worker: int, sparse: SparsePart, dense: DensePart) -> dict[int, torch.T
     """Applies a worker's gradients (async); returns the dense values after."""
     server = _current()
     server.check_worker(worker)
-    return server.push(sparse, dense)
+    return server.push(sparse, dense, worker)
 
 
 def push_sync(worker: int, sparse: SparsePart, dense: DensePart) -> Future:
@@ -385,7 +438,7 @@ def add_clicks(name: str, ids: torch.Tensor, clicks: torch.Tensor) -> None:
 
 HANDLERS = {
     f.__name__: f
-    for f in (describe, pull_tables, pull_dense, push, push_sync, geo_push, worker_done,
+    for f in (describe, pull_tables, pull_step, pull_dense, push, push_sync, geo_push, worker_done,
               barrier, save, load, table_size, set_pass, shrink, table_stats, add_clicks)
 }
 

@@ -218,6 +218,7 @@ _DENSE = ("dict", "int", ("tensor", None, None))
 OPS: dict[str, tuple[Any, ...]] = {
     "describe": (),
     "pull_tables": (("list", "str"), _IDS, "bool"),
+    "pull_step": ("int", ("list", "str"), _IDS),
     "pull_dense": (),
     "push": ("int", _SPARSE, _DENSE),
     "push_sync": ("int", _SPARSE, _DENSE),

@@ -1,0 +1,70 @@
+"""A server's training pull remembers the row numbers it found, and the push
+of the same ids' gradients reuses them: each id is looked up in the table's
+index once per step, not once for the pull and again for the push.
+
+Row numbers stay valid until the table renumbers its rows (a shrink, an
+eviction for the budget, a load that drops ids): ``SparseTable.renumbered``
+counts those, and a push whose pull came before one looks its ids up again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .table import SparseTable, as_u64
+
+__all__ = ["PulledRows", "pull_numbered", "push_numbered"]
+
+
+class PulledRows:
+    """The ids of one training pull of a table, the row numbers it found (-1:
+    not admitted) and the table's renumbering count then."""
+
+    __slots__ = ("ids", "rows", "stamp")
+
+    def __init__(self, ids: np.ndarray, rows: np.ndarray, stamp: int) -> None:
+        self.ids = ids
+        self.rows = rows
+        self.stamp = stamp
+
+    def matches(self, ids: np.ndarray) -> bool:
+        """Whether ``ids`` are the pulled ids, in the same order."""
+        return ids.shape == self.ids.shape and np.array_equal(ids, self.ids)
+
+
+def pull_numbered(table: SparseTable, ids: np.ndarray | torch.Tensor) -> tuple[
+    torch.Tensor, PulledRows
+]:
+    """``table.pull(ids, create=True)``, and the row numbers it used."""
+    ids = as_u64(ids)
+    out = np.empty((ids.shape[0], table.dim), dtype=np.float32)
+    with table._lock:
+        rows = table._seen(ids, out)
+        stamp = table.renumbered
+    present = rows >= 0
+    if not present.all():
+        # As SparseTable.pull: the initial value, or zeros while not admitted.
+        out[~present] = table.init_rows(ids[~present]) if table.entry is None else 0.0
+    return torch.from_numpy(out), PulledRows(ids, rows, stamp)
+
+
+def push_numbered(table: SparseTable, grads: torch.Tensor, pulled: PulledRows) -> None:
+    """``table.push(pulled.ids, grads)`` at the row numbers of the pull (looked
+    up again if the table renumbered its rows since). Gradients of ids that
+    had no row at the pull (not admitted) are dropped, as are those of ids
+    evicted since."""
+    grad = grads.detach().to(torch.float32).numpy()
+    if grad.shape != (pulled.ids.shape[0], table.dim):
+        raise ValueError(
+            f"table '{table.name}': expected gradients of shape "
+            f"({pulled.ids.shape[0]}, {table.dim}), got {tuple(grad.shape)}"
+        )
+    with table._lock:
+        rows = pulled.rows
+        if pulled.stamp != table.renumbered:
+            rows = table._rows_for(pulled.ids, create=table._fixed)
+        present = rows >= 0
+        if not present.all():
+            rows, grad = rows[present], grad[present]
+        table._apply(rows, grad)
