@@ -113,6 +113,7 @@ class SparseTable:
         }
         self._stats = RowStats()  # aligned with the rows
         self.evicted = 0  # rows evicted by the budget, in all
+        self.renumbered = 0  # times rows were renumbered: row numbers taken before are stale
         self._budget_logged = (0.0, 0)
 
     def __len__(self) -> int:
@@ -262,6 +263,7 @@ class SparseTable:
             arrays.append(out)
         self._set_arrays(arrays)
         self._index.rebuild(ids[kept])
+        self.renumbered += 1
 
     # -- lifecycle ----------------------------------------------------------
 
