@@ -31,13 +31,13 @@ Conditions: ``quiet`` (whatever else runs on the machine: its load average is
 reported) and ``loaded`` (one ``python -c 'while True: pass'`` per core
 started beside the runs, stopped after, also when a run fails).
 
-The per-step split (fleetfeed, ms per batch, from the RunSummary's timings,
-summed over threads): data wait, forward (including the sparse pull), pull
-(the row store's ``pull``, timed by a wrapper), backward, step (local: the
-dense optimizer and the tables' update; async/sync: the push, the servers run
-the optimizer; GEO: the local update plus a sync every k steps), and the
-sparse update inside step where it is a separate call (local: the tables'
-``push``; GEO: ``GeoStore.apply``).
+The per-step split (fleetfeed, ms per batch, summed over threads): data
+wait, forward (including the sparse pull), pull, backward, step = optimizer
+(the dense update) + push (sparse gradients to the tables or the servers;
+GEO: the local tables' update and a sync every k steps), from the
+RunSummary's timings; a trainer whose RunSummary lacks pull/optimizer/push
+gets them from wrappers around the row store's ``pull`` and ``push``
+(``GeoStore.apply``), with optimizer = step - push.
 
 Usage: python benchmarks/bench_small_ctr.py [--repeats 3] [--only local|ps]
        [--conditions quiet loaded] [--lines 20000] [--no-write]
@@ -74,7 +74,7 @@ ROW_LABEL = {"local1": "local thread=1", "local2": "local thread=2", "async": "P
              "geo": "PS GEO (k=20)", "sync": "PS sync"}
 # Issue 14's acceptance: fleetfeed / Paddle at least this (local thread=1: none).
 TARGET = {"local2": 1.0, "async": 2.0, "geo": 1.2}
-PHASES = ("data_wait", "forward", "pull", "backward", "step", "sparse_update")
+PHASES = ("data_wait", "forward", "pull", "backward", "step", "optimizer", "push")
 
 
 # -- fleetfeed's side (in its own process) ------------------------------------------
@@ -149,12 +149,15 @@ def train_epochs(model, dataset, optimizer, config: dict, threads: int, seed: in
     from trainer.ps import sparse
 
     totals = dict.fromkeys(PHASES, 0.0)
+    # Fallbacks for a RunSummary without pull/optimizer/push timings (before
+    # trainer/ps/step_clock.py): the row store's calls, timed from outside.
+    wrapped = {"pull": 0.0, "push": 0.0}
     store = sparse.current_store()
-    timed_method(store, "pull", totals, "pull")
+    timed_method(store, "pull", wrapped, "pull")
     if store is sparse.local_store():
-        timed_method(store, "push", totals, "sparse_update")
+        timed_method(store, "push", wrapped, "push")
     else:
-        timed_method(store, "apply", totals, "sparse_update")  # GEO's local copy
+        timed_method(store, "apply", wrapped, "push")  # GEO's local copy
     executor = Executor()
     records = batches = 0
     seconds = cpu = 0.0
@@ -168,9 +171,13 @@ def train_epochs(model, dataset, optimizer, config: dict, threads: int, seed: in
         cpu += time.process_time() - cpu0
         records += summary.records
         batches += summary.batches
-        for phase in ("data_wait", "forward", "backward", "step"):
+        for phase in PHASES:
             totals[phase] += summary.timings.get(phase, 0.0)
+    source = "RunSummary" if "push" in summary.timings else "wrappers"
+    if source == "wrappers":
+        totals.update(wrapped, optimizer=totals["step"] - wrapped["push"])
     return {
+        "split_source": source,
         "records": records, "seconds": seconds, "records_per_s": records / seconds,
         "cpu_ms": 1e3 * cpu / batches,
         "phase_ms": {k: 1e3 * v / batches for k, v in totals.items()},
@@ -303,6 +310,7 @@ def run_ps(who: str, mode: str, args: argparse.Namespace, files: list[Path], hel
     }
     if who == "fleetfeed":
         out["cpu_ms"] = statistics.mean(w["cpu_ms"] for w in workers)
+        out["split_source"] = workers[0]["split_source"]
         out["phase_ms"] = {k: statistics.mean(w["phase_ms"][k] for w in workers)
                            for k in PHASES}
     return out
@@ -445,15 +453,16 @@ def report(args: argparse.Namespace, results: dict) -> str:
         "## fleetfeed's time per batch, split (ms, medians over runs; PS: mean of the "
         "2 workers)",
         "",
-        "Summed over threads (thread=2 overlaps). forward includes pull; step is the dense "
-        "optimizer and the tables' update (local), the push (async, sync: the servers run "
-        "the optimizer), or the local update plus a sync every k steps (GEO); sparse update "
-        "is the part of step in the tables' own update call (local: `push`, GEO: "
-        "`GeoStore.apply`). CPU: the process's CPU time (all threads) per batch.",
+        "Summed over threads (thread=2 overlaps). forward includes pull; step = optimizer "
+        "(the dense update) + push (sparse gradients to the tables or servers; GEO: the "
+        "local tables' update and the sync every k steps). Source: the RunSummary's "
+        "timings, or where it has no push/optimizer split, wrappers around the row store's "
+        "`pull` and `push` (`GeoStore.apply` in GEO) with optimizer = step - push. "
+        "CPU: the process's CPU time (all threads) per batch.",
         "",
         "| condition | row | data wait | forward | of which pull | backward | step "
-        "| of which sparse update | CPU |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| of which optimizer | of which push | CPU | source |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for condition, rows in results.items():
         for row, cell in rows.items():
@@ -463,7 +472,8 @@ def report(args: argparse.Namespace, results: dict) -> str:
             phase = {k: statistics.median(r["phase_ms"][k] for r in ours) for k in PHASES}
             lines.append(
                 f"| {condition} | {ROW_LABEL[row]} | " + " | ".join(
-                    f"{phase[k]:.3f}" for k in PHASES) + f" | {median(ours, 'cpu_ms'):.3f} |"
+                    f"{phase[k]:.3f}" for k in PHASES) + f" | {median(ours, 'cpu_ms'):.3f} | "
+                + ", ".join(sorted({r["split_source"] for r in ours})) + " |"
             )
     return "\n".join(lines) + "\n"
 
