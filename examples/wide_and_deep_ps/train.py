@@ -173,11 +173,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
 
     fleet.init(strategy=strategy_for(args.mode, args.k_steps))
-    if fleet.worker_num() > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # Several processes of the job share this machine's cores: torch's own
-        # intra-op threads in each would contend (10x slower on 2 cores, measured);
-        # torchrun sets the same for several processes per node.
-        torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     model = WideDeep()
     # Adagrad, as PaddleRec's wide&deep: the dense MLP on the servers and every
