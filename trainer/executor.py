@@ -95,7 +95,9 @@ class Executor:
                 Adagrad, Adam or AdamW in one process). Opt-in: on
                 examples/mlp_local (a dense 100k-row EmbeddingBag, Adam) two
                 Hogwild threads reached held-out AUC 0.83-0.87 against 0.89
-                with one step at a time, a loss not yet explained.
+                with one step at a time, a loss not yet explained; and on a
+                small model two threads run no faster than one (Python's GIL
+                changes hands at every torch op: docs/training_speed.md).
             debug: also print per-phase timings and records/s (to stderr).
             fetch_list: names (or objects with a ``name``) of outputs to print
                 every ``print_period`` batches; default ``["loss"]`` (in
