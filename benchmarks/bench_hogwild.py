@@ -40,34 +40,15 @@ def child(config: dict) -> dict:
     """One run in this process: load, train ``epochs`` timed passes, evaluate."""
     import numpy as np
     import torch
-    from torch import nn
+    from bench_small_ctr import small_ctr_model  # the same model as the side-by-side run
 
     from datafeed import InMemoryDataset, Slot
     from trainer import Executor, auc, fleet
-    from trainer.nn import SparseEmbedding
 
     slots = [
         Slot("dense", "float32", (4,)), Slot("u", "int64"), Slot("i", "int64"),
         Slot("c", "int64"), Slot("label", "int64", (1,)),
     ]
-
-    class SmallCtr(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.u = SparseEmbedding(4, "u")
-            self.i = SparseEmbedding(4, "i")
-            self.c = SparseEmbedding(4, "c")
-            self.mlp = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
-
-        def forward(self, batch):
-            x = torch.cat(
-                [batch["dense"], self.u(batch["u"]), self.i(batch["i"]), self.c(batch["c"])],
-                dim=1,
-            )
-            logit = self.mlp(x).squeeze(1)
-            label = batch["label"].squeeze(1).float()
-            loss = nn.functional.binary_cross_entropy_with_logits(logit, label)
-            return {"loss": loss, "prob": torch.sigmoid(logit), "label": label}
 
     def dataset(files: list[str], batch_size: int) -> InMemoryDataset:
         data = InMemoryDataset()
@@ -80,7 +61,7 @@ def child(config: dict) -> dict:
         torch.set_num_threads(config["torch_threads"])
     fleet.init()
     torch.manual_seed(config["seed"])
-    model = SmallCtr()
+    model = small_ctr_model(None)
     optimizer = fleet.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
     train = dataset(config["files"], config["batch_size"])
     executor = Executor()

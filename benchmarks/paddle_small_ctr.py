@@ -43,9 +43,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
+
+from paddle_ps import set_role_environment as ps_role_environment
+from paddle_ps import sparse_table_config, wait_for_files, wait_for_port
 
 DIM = 4
 # Rows per table: the largest id of each slot + 1 (make_small_ctr.py's offsets).
@@ -54,66 +56,11 @@ TABLE_ROWS = {"u": 1 + 3000, "i": 10_001 + 5000, "c": 20_001 + 50}
 
 def set_role_environment(config: dict) -> None:
     """The variables Paddle reads: the old IR always; in PS mode the job's shape
-    for PaddleCloudRoleMaker."""
+    for PaddleCloudRoleMaker (``paddle_ps.set_role_environment``)."""
     # Paddle 3's PIR lacks the PS passes and marks lod_level=1 slots dense.
     os.environ["FLAGS_enable_pir_api"] = "0"  # noqa: SIM112 (Paddle reads this exact name)
-    if config["mode"] == "local":
-        return
-    os.environ.update({
-        "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(config["servers"]),
-        "PADDLE_TRAINERS_NUM": str(config["workers"]),
-        "PADDLE_TRAINER_ENDPOINTS": ",".join(config["worker_endpoints"]),
-    })
-    if config["role"] == "server":
-        host, port = config["servers"][0].rsplit(":", 1)
-        os.environ.update({"TRAINING_ROLE": "PSERVER", "POD_IP": host, "PADDLE_PORT": port})
-    else:
-        host, port = config["worker_endpoints"][config["index"]].rsplit(":", 1)
-        os.environ.update({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(config["index"]),
-                           "POD_IP": host, "PADDLE_PORT": port})
-
-
-def wait_for_port(endpoint: str, timeout: float) -> None:
-    """Paddle 3.0.0's init_worker() does not wait for a server still starting."""
-    host, port = endpoint.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, int(port)), timeout=1):
-                return
-        except OSError as error:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"no Paddle server listening at {endpoint} after {timeout:.0f}s"
-                ) from error
-            time.sleep(0.2)
-
-
-def wait_for_files(paths: list[str], timeout: float) -> None:
-    """Until every path exists (the other workers' end-of-training marks)."""
-    deadline = time.monotonic() + timeout
-    while not all(os.path.exists(p) for p in paths):
-        if time.monotonic() > deadline:
-            missing = [p for p in paths if not os.path.exists(p)]
-            raise TimeoutError(
-                f"the other workers did not finish training within {timeout:.0f}s: {missing}"
-            )
-        time.sleep(0.1)
-
-
-def sparse_table_config(name: str, config: dict) -> dict:
-    """A server table of plain rows (``SparseAccessor``) updated by
-    ``SparseAdaGradSGDRule`` (Paddle's ``sparse_optimizer: "adagrad"``)."""
-    prefix = f"table_parameters.{name}.accessor"
-    table = {f"{prefix}.accessor_class": "SparseAccessor"}
-    for part in ("embed_sgd_param", "embedx_sgd_param"):
-        table.update({
-            f"{prefix}.{part}.name": "SparseAdaGradSGDRule",
-            f"{prefix}.{part}.adagrad.learning_rate": config["paddle_sparse_lr"],
-            f"{prefix}.{part}.adagrad.initial_g2sum": config["paddle_initial_g2sum"],
-            f"{prefix}.{part}.adagrad.initial_range": config["init_scale"],
-        })
-    return table
+    if config["mode"] != "local":
+        ps_role_environment(config)
 
 
 def auc_from_histograms(positives, negatives) -> float:

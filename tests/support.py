@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
 
@@ -211,3 +212,44 @@ def communicate_all(procs: list, timeout: float) -> list[str]:
                 proc.kill()
                 proc.communicate()
     return outputs
+
+
+class InProcessServers:
+    """A ``ServerSet`` whose servers' handlers run in this process (no transport):
+    a PS mode's steps against real ``ParameterServer`` objects. ``calls`` lists
+    the handlers called, in order."""
+
+    def __init__(self, servers: list) -> None:
+        self.servers = list(servers)
+        self.endpoints = tuple(f"in-process:{i}" for i in range(len(self.servers)))
+        self.calls: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+    def call_async(self, index: int, func, *args, timeout=None) -> Future:
+        from trainer.ps import server as handlers
+
+        self.calls.append(func.__name__)
+        handlers.install(self.servers[index])
+        try:
+            result = func(*args)
+        finally:
+            handlers.install(None)
+        if isinstance(result, Future):  # push_sync: complete once the round is
+            return result
+        future: Future = Future()
+        future.set_result(result)
+        return future
+
+    def wait(self, index: int, future: Future, what: str):
+        return future.result(timeout=10)
+
+    def call(self, index: int, func, *args, timeout=None):
+        return self.wait(index, self.call_async(index, func, *args), func.__name__)
+
+    def call_all(self, func, per_server_args=None, timeout=None) -> list:
+        return [
+            self.call(index, func, *(per_server_args[index] if per_server_args else ()))
+            for index in range(len(self.servers))
+        ]

@@ -4,12 +4,12 @@ checked value by value without sockets."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from support import InProcessServers
 from torch import nn
 
 from trainer import DistributedStrategy
@@ -17,7 +17,6 @@ from trainer.errors import TrainerError
 from trainer.job.strategy import parameter_server_mode
 from trainer.nn import SparseEmbedding
 from trainer.ps import DistributedOptimizer, OptimizerSpec, ParameterServerRuntime, sparse
-from trainer.ps import server as handlers
 from trainer.ps.modes import AsyncMode, GeoMode, LocalMode, SyncMode, WorkerLink, distributed_mode
 from trainer.ps.server import ParameterServer
 from trainer.role import ClusterRole, Role
@@ -26,40 +25,6 @@ from trainer.role import ClusterRole, Role
 def Strategy(mode: str, k_steps: int = 0) -> SimpleNamespace:
     """The two attributes the runtime reads from a DistributedStrategy."""
     return SimpleNamespace(mode=mode, a_sync_configs={"k_steps": k_steps})
-
-
-class InProcessServers:
-    """One server's ``ServerSet``, its handlers called in this process."""
-
-    endpoints = ("in-process:0",)
-
-    def __init__(self, server: ParameterServer) -> None:
-        self.server = server
-
-    def __len__(self) -> int:
-        return 1
-
-    def call_async(self, index: int, func, *args, timeout=None) -> Future:
-        handlers.install(self.server)
-        try:
-            result = func(*args)
-        finally:
-            handlers.install(None)
-        if isinstance(result, Future):  # push_sync: complete once the round is
-            return result
-        future: Future = Future()
-        future.set_result(result)
-        return future
-
-    def wait(self, index: int, future: Future, what: str):
-        return future.result(timeout=10)
-
-    def call(self, index: int, func, *args, timeout=None):
-        return self.wait(index, self.call_async(index, func, *args), func.__name__)
-
-    def call_all(self, func, per_server_args=None, timeout=None) -> list:
-        args = per_server_args[0] if per_server_args else ()
-        return [self.wait(0, self.call_async(0, func, *args), func.__name__)]
 
 
 class OneRowModel(nn.Module):
@@ -86,7 +51,7 @@ def connected_mode(mode, name: str, server_optimizer: bool):
         torch.optim.SGD([server_bias], lr=1.0) if server_optimizer else None,
     )
     mode.use(opt, [model.bias])
-    link = WorkerLink(0, InProcessServers(server), lambda c: c.make_table(spec))
+    link = WorkerLink(0, InProcessServers([server]), lambda c: c.make_table(spec))
     sparse.install_store(mode.connect(link))
     return model, server, DistributedOptimizer(opt, mode.step)
 

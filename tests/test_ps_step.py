@@ -5,16 +5,14 @@ pull and its push)."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import numpy as np
 import pytest
 import torch
+from support import InProcessServers
 from torch import nn
 
 from trainer.nn import SparseEmbedding
 from trainer.ps import DistributedOptimizer, OptimizerSpec, client, sparse
-from trainer.ps import server as handlers
 from trainer.ps import table as table_module
 from trainer.ps.modes import AsyncMode, WorkerLink
 from trainer.ps.server import ParameterServer
@@ -22,35 +20,6 @@ from trainer.ps.step_rows import pull_numbered, push_numbered
 from trainer.ps.table import SparseTable
 
 SERVERS = 2
-
-
-class InProcessServers:
-    """Several servers' ``ServerSet``, their handlers called in this process."""
-
-    def __init__(self, servers: list[ParameterServer]) -> None:
-        self.servers = servers
-        self.endpoints = tuple(f"in-process:{i}" for i in range(len(servers)))
-        self.calls: list[str] = []
-
-    def __len__(self) -> int:
-        return len(self.servers)
-
-    def call_async(self, index: int, func, *args, timeout=None) -> Future:
-        self.calls.append(func.__name__)
-        handlers.install(self.servers[index])
-        try:
-            result = func(*args)
-        finally:
-            handlers.install(None)
-        future: Future = Future()
-        future.set_result(result)
-        return future
-
-    def wait(self, index: int, future: Future, what: str):
-        return future.result(timeout=10)
-
-    def call(self, index: int, func, *args, timeout=None):
-        return self.wait(index, self.call_async(index, func, *args), func.__name__)
 
 
 class TwoTables(nn.Module):
