@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -79,6 +80,13 @@ PHASES = ("data_wait", "forward", "pull", "backward", "step", "optimizer", "push
 
 # -- fleetfeed's side (in its own process) ------------------------------------------
 
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its reaped children (Hogwild trainer
+    processes, trainer/hogwild_processes.py), all threads."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 def small_ctr_model(table_optimizer: dict | None):
     """The model; ``table_optimizer``: the tables' own optimizer (None: the
@@ -163,12 +171,12 @@ def train_epochs(model, dataset, optimizer, config: dict, threads: int, seed: in
     seconds = cpu = 0.0
     for epoch in range(config["epochs"]):
         dataset.local_shuffle(seed=seed + epoch)
-        wall0, cpu0 = time.perf_counter(), time.process_time()
+        wall0, cpu0 = time.perf_counter(), cpu_seconds()
         summary = executor.train_from_dataset(
             model, dataset, optimizer, thread=threads, fetch_list=[], hogwild=threads > 1,
         )
         seconds += time.perf_counter() - wall0
-        cpu += time.process_time() - cpu0
+        cpu += cpu_seconds() - cpu0
         records += summary.records
         batches += summary.batches
         for phase in PHASES:
@@ -458,7 +466,7 @@ def report(args: argparse.Namespace, results: dict) -> str:
         "local tables' update and the sync every k steps). Source: the RunSummary's "
         "timings, or where it has no push/optimizer split, wrappers around the row store's "
         "`pull` and `push` (`GeoStore.apply` in GEO) with optimizer = step - push. "
-        "CPU: the process's CPU time (all threads) per batch.",
+        "CPU: the process's CPU time (all threads, and its Hogwild trainer processes) per batch.",
         "",
         "| condition | row | data wait | forward | of which pull | backward | step "
         "| of which optimizer | of which push | CPU | source |",

@@ -107,3 +107,33 @@ class Batcher:
                 break
             counter.count(pieces)
             yield self.build(pieces)
+
+
+class BatchPlan:
+    """A pass's batches, each built on demand by its number: how a trainer
+    hands batches to forked processes (trainer/hogwild_processes.py), which
+    build them from the records they share with the parent.
+
+    ``finish()`` counts every batch into the dataset's position and ends the
+    pass, as iterating to the end would; a pass that fails is not finished.
+    """
+
+    def __init__(self, batcher: Batcher, groups: list[list[Piece]], position: Counter) -> None:
+        self._batcher = batcher
+        self._groups = groups
+        self._position = position
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def build(self, number: int) -> Batch:
+        """Batch ``number`` (0-based) of the pass."""
+        return self._batcher.build(self._groups[number])
+
+    def finish(self) -> None:
+        """Every batch was handed out: the pass ends."""
+        for pieces in self._groups:
+            self._position.count(pieces)
+        end_pass = getattr(self._position, "end_pass", None)
+        if end_pass is not None:
+            end_pass()

@@ -8,13 +8,14 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import pyarrow as pa
 
 from . import cache, collectives, fs, global_shuffle, merge, shuffle, state
 from .batch import Batch
-from .batcher import Batcher, chunk_ranges
+from .batcher import Batcher, BatchPlan, Piece, chunk_ranges
 from .columns import RecordChunk
 from .dataset_base import DatasetBase
 from .errors import CacheError, GlobalShuffleError, SchemaError
@@ -538,21 +539,30 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass over the records in memory, ``batch_size`` records per batch."""
-        store = self._require_store("iterating the dataset")
+        batcher, ranges, limit = self._begin_pass("iterating the dataset")
+        yield from batcher.batches(ranges, self._position, limit)
+        self._position.end_pass()
+
+    def batch_plan(self) -> BatchPlan:
+        """Begins a pass as iterating does, as a ``BatchPlan``: its batches built
+        by number (Hogwild trainer processes share the records and build their
+        own); ``finish()`` ends the pass."""
+        batcher, ranges, limit = self._begin_pass("planning a pass")
+        if limit is not None:  # counts from the pass's start, resumed batches included
+            limit = max(limit - self._position.batches, 0)
+        return BatchPlan(batcher, list(islice(batcher.group(ranges), limit)), self._position)
+
+    def _begin_pass(self, what: str) -> tuple[Batcher, Iterator[Piece], int | None]:
+        store = self._require_store(what)
         batcher = Batcher(
-            store.schema,
-            self.batch_size,
-            self._settings["drop_last"],
+            store.schema, self.batch_size, self._settings["drop_last"],
             self._settings["input_type"],
         )
-        position = self._position
         # After load_state_dict(), the pass continues after the batches consumed.
-        start = position.take_resume()
+        start = self._position.take_resume()
         limit = self._equal_batch_count(store) if self._settings["equal_batches"] else None
-        position.begin_pass(start)
-        ranges = chunk_ranges(store.chunks, skip_rows=start * self.batch_size)
-        yield from batcher.batches(ranges, position, limit)
-        position.end_pass()
+        self._position.begin_pass(start)
+        return batcher, chunk_ranges(store.chunks, skip_rows=start * self.batch_size), limit
 
     def _equal_batch_count(self, store: RecordStore) -> int | None:
         """With ``equal_batches`` in a job of several ranks: the fewest batches any

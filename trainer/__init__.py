@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import fleet
 from .fetch_handler import FetchHandler
-from .job.errors import RoleError, ServerUnavailableError, TrainerError, WorkerFailedError
+from .job.errors import (
+    RoleError,
+    ServerUnavailableError,
+    TrainerError,
+    TrainerProcessError,
+    WorkerFailedError,
+)
 from .job.role import ClusterRole, Role
 from .job.strategy import DistributedStrategy
 from .metrics import StreamingAUC, auc
@@ -33,6 +39,7 @@ __all__ = [
     "ServerUnavailableError",
     "StreamingAUC",
     "TrainerError",
+    "TrainerProcessError",
     "UserDefinedRoleMaker",
     "WorkerFailedError",
     "auc",

@@ -10,6 +10,7 @@ from .job.errors import (
     ServerCallError,
     ServerUnavailableError,
     TrainerError,
+    TrainerProcessError,
     WorkerFailedError,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "ServerCallError",
     "ServerUnavailableError",
     "TrainerError",
+    "TrainerProcessError",
     "WorkerFailedError",
 ]

@@ -39,7 +39,7 @@ import torch
 
 from datafeed.memory import release_free_memory
 
-from . import fleet
+from . import fleet, hogwild_processes
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
 from .run_summary import RunSummary, input_stats, log_summary
 from .train_loop import DatasetPass, debug_line, hogwild_step
@@ -214,8 +214,14 @@ class Executor:
             self.place if self.place is not None else _model_device(model),
         )
         run.keep_latest = periodic
+        processes, extra_rows = 0, 0
         if train and threads > 1 and hogwild:
             run.hogwild = hogwild_step(optimizer)
+            if run.hogwild is not None:
+                reason, extra_rows = hogwild_processes.prepare(run, dataset, run.hogwild)
+                processes = threads if reason is None else 0
+                if reason is not None:
+                    _log_once(f"{reason}: Hogwild threads instead of processes")
         monitor = FetchMonitor(fetch_handler, run.current_value) if periodic else None
         run.default_fetch = fetch_list is None
         module = model if isinstance(model, torch.nn.Module) else None
@@ -223,10 +229,12 @@ class Executor:
         if module is not None:
             module.train(train)
         started = time.perf_counter()
-        iterator = iter(dataset)
+        iterator = iter(dataset) if not processes else None
         try:
             with monitor or contextlib.nullcontext():  # stopped and joined on failure too
-                if threads == 1:
+                if processes:
+                    hogwild_processes.run_processes(run, dataset, processes, extra_rows)
+                elif threads == 1:
                     run.work(iterator, main_thread=True)
                 else:
                     run.work_in_threads(iterator, threads)
@@ -244,6 +252,8 @@ class Executor:
         if monitor is not None:
             monitor.raise_error()
         summary = run.summary(time.perf_counter() - started, threads)
+        if run.hogwild is not None:
+            summary.hogwild = "processes" if processes else "threads"
         summary.input = input_stats(dataset)
         log_summary("train_from_dataset" if train else "infer_from_dataset", summary)
         if debug:
@@ -271,6 +281,15 @@ class Executor:
                 )
             count = 1
         return count
+
+
+_logged_reasons: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged_reasons:
+        _logged_reasons.add(message)
+        logger.info(message)
 
 
 def _fetch_names(fetch_list: Sequence[Any] | None) -> list[str]:

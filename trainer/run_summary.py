@@ -37,6 +37,9 @@ class RunSummary:
             ``datafeed.LoadStats``: for a QueueDataset, the lines, records and
             skipped lines of this pass, per file; for an InMemoryDataset, those
             of its last load), or None for a plain iterable.
+        hogwild: how Hogwild trainers ran (``hogwild=True``, ``thread`` > 1):
+            ``"processes"`` (forked, trainer/hogwild_processes.py) or
+            ``"threads"``; None otherwise.
     """
 
     batches: int
@@ -47,6 +50,7 @@ class RunSummary:
     timings: dict[str, float] = field(default_factory=dict)
     last_fetch: dict[str, list[float]] = field(default_factory=dict)
     input: Any = None
+    hogwild: str | None = None
 
     @property
     def records_per_second(self) -> float:

@@ -38,7 +38,7 @@ _PHASES = ("data_wait", "forward", "backward", "step")
 _PARTS = ("pull", "optimizer", "push")
 
 
-class _Stop(Exception):
+class PassStopped(Exception):
     """Raised inside a worker when another worker has failed."""
 
 
@@ -102,7 +102,7 @@ class DatasetPass:
         def target() -> None:
             try:
                 self.work(iterator, main_thread=False)
-            except _Stop:
+            except PassStopped:
                 pass
             except BaseException as error:  # noqa: BLE001 - re-raised in the caller
                 errors.append(error)
@@ -141,7 +141,7 @@ class DatasetPass:
         clock = time.perf_counter
         while True:
             if self.stop.is_set():
-                raise _Stop
+                raise PassStopped
             t0 = clock()
             with self.next_lock:
                 if self.exhausted:

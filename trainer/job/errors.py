@@ -63,3 +63,19 @@ class CheckpointError(TrainerError, ValueError):
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message)
         self.path = path
+
+
+class TrainerProcessError(TrainerError, RuntimeError):
+    """A Hogwild trainer process failed (trainer/hogwild_processes.py).
+
+    A failure whose exception is a builtin type is raised again as that type,
+    with this error (holding the process's traceback) as its cause; others are
+    raised as this error.
+
+    Attributes:
+        process: which process (0-based) failed.
+    """
+
+    def __init__(self, message: str, *, process: int) -> None:
+        super().__init__(message)
+        self.process = process

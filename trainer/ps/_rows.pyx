@@ -47,6 +47,18 @@ cdef enum:
 cdef extern from *:
     void __builtin_prefetch(const void* address) noexcept nogil
 
+# A slot's row number is written after its key with release order, and read
+# with acquire order: Hogwild processes (trainer/hogwild_processes.py) look ids
+# up in an index that the parent process adds to at the same time, and must
+# not see a row number before the key it belongs to. (Plain moves on x86.)
+cdef extern from *:
+    """
+    #define FF_STORE_RELEASE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+    #define FF_LOAD_ACQUIRE(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    """
+    void FF_STORE_RELEASE(int64_t* address, int64_t value) noexcept nogil
+    int64_t FF_LOAD_ACQUIRE(const int64_t* address) noexcept nogil
+
 # One row's statistics. Aligned: 13 bytes of fields padded to 16, so that no
 # record straddles two cache lines.
 ROW_STATS_DTYPE = np.dtype(
@@ -125,8 +137,13 @@ cdef class IdIndex:
         self._allocate(capacity)
         self.size = 0
 
-    cdef _allocate(self, int64_t capacity):
-        cells = np.full((capacity, 2), -1, dtype=np.int64)
+    cdef _allocate(self, int64_t capacity, allocate=None):
+        # allocate(shape, dtype): where the cells live (default: numpy's heap).
+        if allocate is None:
+            cells = np.full((capacity, 2), -1, dtype=np.int64)
+        else:
+            cells = allocate((capacity, 2), np.int64)
+            cells.fill(-1)
         cdef int64_t[:, ::1] view = cells
         self._cells_array = cells
         self._cells = &view[0, 0]
@@ -140,7 +157,7 @@ cdef class IdIndex:
         """The slot holding ``key``, or the empty slot where it would go."""
         cdef uint64_t pos = _mix64(key) & self._mask
         cdef int64_t* cell = self._cells + 2 * pos
-        while cell[1] >= 0 and <uint64_t>cell[0] != key:
+        while FF_LOAD_ACQUIRE(&cell[1]) >= 0 and <uint64_t>cell[0] != key:
             pos = (pos + 1) & self._mask
             cell = self._cells + 2 * pos
         return cell
@@ -179,7 +196,7 @@ cdef class IdIndex:
                 cell = self._slot(keys[i])
                 if cell[1] < 0:
                     cell[0] = <int64_t>keys[i]
-                    cell[1] = self.size
+                    FF_STORE_RELEASE(&cell[1], self.size)
                     self.size += 1
                 rows[i] = cell[1]
         return out
@@ -200,12 +217,20 @@ cdef class IdIndex:
         if ids.shape[0]:
             self.lookup_or_insert(ids)
 
-    def _grow(self, int64_t needed):
+    def fits(self, int64_t rows):
+        """Whether ``rows`` ids fit without the index growing (moving its cells)."""
+        return not _over_load(rows, self.capacity)
+
+    def _grow(self, int64_t needed, allocate=None):
+        """Room for ``needed`` ids: the cells reallocated (by ``allocate(shape,
+        dtype)``, when given, even if they fit) and the ids added back."""
         cdef int64_t capacity = self.capacity
         while _over_load(needed, capacity):
             capacity *= 2
+        if capacity == self.capacity and allocate is None:
+            return
         ids = self.ids_in_row_order()
-        self._allocate(capacity)
+        self._allocate(capacity, allocate)
         self.size = 0
         if ids.shape[0]:
             self.lookup_or_insert(ids)

@@ -114,6 +114,8 @@ class SparseTable:
         self._stats = RowStats()  # aligned with the rows
         self.evicted = 0  # rows evicted by the budget, in all
         self.renumbered = 0  # times rows were renumbered: row numbers taken before are stale
+        # In a Hogwild process: asks the parent for new rows (ps/shared_rows.py).
+        self._add_rows: Callable[[str, np.ndarray], None] | None = None
         self._budget_logged = (0.0, 0)
 
     def __len__(self) -> int:
@@ -160,17 +162,27 @@ class SparseTable:
     def _insert(self, ids: np.ndarray) -> np.ndarray:
         """Row numbers of distinct ``ids``, adding missing rows at their initial
         value with fresh statistics (no admission, no budget). Caller holds the lock."""
+        if self._add_rows is not None:  # a Hogwild process: its parent adds rows
+            rows = self._index.lookup(ids)
+            if (rows < 0).any():
+                self._add_rows(self.name, ids[rows < 0])
+                rows = self._index.lookup(ids)
+            return rows
         before = self._index.size
         rows = self._index.lookup_or_insert(ids)
         if self._index.size > before:
             new = rows >= before
             new_rows = rows[new]
             self._reserve(self._index.size)
-            self._weights[new_rows] = self.init_rows(ids[new])
-            for key in self.optimizer.state_layout():
-                self._state[key][new_rows] = self.optimizer.initial_state(key)
-            self._stats.created(new_rows)
+            self._init_new_rows(new_rows, ids[new])
         return rows
+
+    def _init_new_rows(self, rows: np.ndarray, ids: np.ndarray) -> None:
+        self._weights[rows] = self.init_rows(ids)
+        for key in self.optimizer.state_layout():
+            self._state[key][rows] = self.optimizer.initial_state(key)
+        self._stats.created(rows)
+
 
     def _rows_for(self, ids: np.ndarray, create: bool) -> np.ndarray:
         """Row numbers of distinct ``ids``, creating missing rows when asked

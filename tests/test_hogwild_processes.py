@@ -1,0 +1,309 @@
+"""Hogwild trainer processes: train_from_dataset(thread=N, hogwild=True) on an
+InMemoryDataset forks N trainers sharing the parameters and the sparse tables
+(trainer/hogwild_processes.py, trainer/ps/shared_rows.py)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from datafeed import InMemoryDataset, Slot
+from support import child_pids
+from trainer import Executor, TrainerProcessError
+from trainer.nn import CountFilterEntry, SparseEmbedding
+from trainer.ps import ParameterServerRuntime, sparse
+from trainer.ps.shared_rows import SharedRowsFull, add_rows_in_place, share_rows
+from trainer.ps.optim import OptimizerSpec
+from trainer.ps.table import SparseTable
+from trainer.role import ClusterRole
+
+_names = itertools.count()
+ID_BASE = 10**12
+SLOTS = [Slot("ids", "int64"), Slot("dense", "float32", (1,)), Slot("label", "float32", (1,))]
+
+
+@pytest.fixture(autouse=True)
+def clean_local_tables():
+    yield
+    sparse.local_store().clear()
+    sparse.clear_pending()
+
+
+class CtrModel(nn.Module):
+    """A sparse slot embedded at dim 4 (summed per record) and a dense feature,
+    through a small MLP."""
+
+    def __init__(self, seed: int = 0, entry=None) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = SparseEmbedding(4, f"proc{next(_names)}", seed=seed, entry=entry)
+        self.mlp = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, batch):
+        features = torch.cat([self.emb(batch["ids"]), batch["dense"]], dim=1)
+        logit = self.mlp(features).squeeze(1)
+        label = batch["label"].squeeze(1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logit, label)
+        return {"loss": loss, "prob": torch.sigmoid(logit), "label": label}
+
+
+def write_ctr_file(path: Path, records: int, seed: int, vocab: int = 200) -> list[np.ndarray]:
+    """MultiSlot lines of 1-3 ids and one dense float; the label follows hidden
+    per-id weights plus the dense value through a logistic. Returns each
+    record's ids."""
+    weights = np.random.default_rng(99).normal(0, 1.5, vocab)
+    rng = np.random.default_rng(seed)
+    lines, ids_of = [], []
+    for _ in range(records):
+        picks = rng.integers(0, vocab, rng.integers(1, 4))
+        dense = rng.normal(0, 1)
+        label = float(rng.random() < 1 / (1 + np.exp(-(weights[picks].sum() + 1.5 * dense))))
+        ids = picks + ID_BASE
+        ids_of.append(ids)
+        lines.append(f"{len(ids)} {' '.join(map(str, ids))} 1 {dense:.4f} 1 {label:g}\n")
+    path.write_text("".join(lines))
+    return ids_of
+
+
+def dataset(files: list[Path], batch_size: int = 100) -> InMemoryDataset:
+    data = InMemoryDataset()
+    data.init(batch_size=batch_size, thread_num=1, use_var=SLOTS, pipe_command="cat")
+    data.set_filelist([str(f) for f in files])
+    data.load_into_memory()
+    return data
+
+
+def local_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer):
+    """fleet.distributed_optimizer's wrapper in local mode (sparse tables in process)."""
+    return ParameterServerRuntime(ClusterRole.local(), None).distributed_optimizer(optimizer)
+
+
+def held_out_auc(model: nn.Module, data: InMemoryDataset) -> float:
+    from trainer import auc
+
+    probs, labels = [], []
+    Executor().infer_from_dataset(
+        model, data, fetch_list=[], thread=1,
+        fetch_handler=lambda out: (probs.append(out["prob"]), labels.append(out["label"])),
+    )
+    return auc(torch.cat(labels).numpy(), torch.cat(probs).numpy())
+
+
+@pytest.fixture
+def ctr_files(tmp_path: Path) -> tuple[list[Path], Path, list[np.ndarray]]:
+    train, ids = [], []
+    for part in range(2):
+        path = tmp_path / f"part-{part}.txt"
+        ids += write_ctr_file(path, 3000, seed=part)
+        train.append(path)
+    held = tmp_path / "heldout.txt"
+    write_ctr_file(held, 3000, seed=7)
+    return train, held, ids
+
+
+def table_of(model: CtrModel) -> SparseTable:
+    return sparse.local_store().tables[model.emb.name]
+
+
+# -- training ----------------------------------------------------------------------------
+
+
+def test_processes_train_to_the_auc_of_one_thread_and_share_everything(ctr_files):
+    train_files, held_files, ids = ctr_files
+    results = {}
+    for threads in (1, 2):
+        model = CtrModel()
+        optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+        train, held = dataset(train_files), dataset([held_files])
+        before = [p.detach().clone() for p in model.parameters()]
+        records = 0
+        for epoch in range(2):
+            train.local_shuffle(seed=epoch)
+            summary = Executor().train_from_dataset(
+                model, train, optimizer, thread=threads, hogwild=True, fetch_list=[]
+            )
+            records += summary.records
+        assert summary.hogwild == ("processes" if threads > 1 else None)
+        assert records == 2 * len(ids)
+        # The processes' updates reached this process's parameters and tables.
+        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        table = table_of(model)
+        assert len(table) == len(np.unique(np.concatenate(ids)))
+        results[threads] = (held_out_auc(model, held), table.statistics(np.unique(
+            np.concatenate(ids)).astype(np.uint64))["show"])
+    assert results[1][0] > 0.8, results
+    assert abs(results[2][0] - results[1][0]) < 0.01, results
+    # Each row was shown once per batch holding it, in both (racing
+    # increments of one row by two processes may lose a few counts).
+    shows_1, shows_2 = results[1][1], results[2][1]
+    assert shows_2.sum() <= shows_1.sum()
+    assert shows_2.sum() > 0.98 * shows_1.sum()
+    assert child_pids() == []
+
+
+def test_every_pulled_row_is_pushed_once_in_some_process(ctr_files, monkeypatch):
+    """Counts in shared memory: ids pulled in training and ids pushed, per process."""
+    from trainer.ps.shared_rows import shared_array
+
+    train_files, _, ids = ctr_files
+    counts = shared_array((4,), np.int64)  # pulled, pushed, bad gradients, batches
+    lock = __import__("multiprocessing").get_context("fork").Lock()
+    pull, push = SparseTable.pull, SparseTable.push
+
+    def counted_pull(self, ids, create=True):
+        rows = pull(self, ids, create)
+        if create:
+            with lock:
+                counts[0] += len(ids)
+        return rows
+
+    def counted_push(self, ids, grads):
+        with lock:
+            counts[1] += len(ids)
+            counts[2] += int(not torch.isfinite(torch.as_tensor(grads)).all())
+        push(self, ids, grads)
+
+    monkeypatch.setattr(SparseTable, "pull", counted_pull)
+    monkeypatch.setattr(SparseTable, "push", counted_push)
+    model = CtrModel()
+    optimizer = local_optimizer(model, torch.optim.Adam(model.parameters(), lr=0.01))
+    train = dataset(train_files)
+    summary = Executor().train_from_dataset(
+        model, train, optimizer, thread=3, hogwild=True, fetch_list=[]
+    )
+    assert summary.hogwild == "processes"
+    assert summary.batches == len(train) == 60
+    per_batch = sum(
+        len(np.unique(np.concatenate(ids[start:start + 100])))
+        for start in range(0, len(ids), 100)
+    )
+    assert counts[0] == per_batch  # every batch pulled its distinct ids once
+    assert counts[1] == counts[0]
+    assert counts[2] == 0
+    assert summary.timings["pull"] > 0 and summary.timings["optimizer"] > 0
+
+
+@pytest.mark.parametrize("where", ["forked", "calling"])
+def test_a_failing_process_stops_every_process_with_its_error(ctr_files, where):
+    calls = itertools.count()
+    calling = os.getpid()
+
+    class Failing(CtrModel):
+        def forward(self, batch):
+            # Each process counts its own forwards (of 300 batches in all).
+            if next(calls) == 7 and (os.getpid() == calling) == (where == "calling"):
+                raise ValueError("batch 7 is broken")
+            return super().forward(batch)
+
+    model = Failing()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    train = dataset(ctr_files[0], batch_size=20)
+    with pytest.raises(ValueError, match="batch 7 is broken") as raised:
+        Executor().train_from_dataset(model, train, optimizer, thread=2, hogwild=True,
+                                      fetch_list=[])
+    if where == "forked":  # the process's traceback comes as the cause
+        cause = raised.value.__cause__
+        assert isinstance(cause, TrainerProcessError) and cause.process == 1
+        assert "in forward" in str(cause) and "batch 7 is broken" in str(cause)
+    assert child_pids() == []
+    assert not [t for t in threading.enumerate() if t.name == "hogwild-process-server"]
+    # The pass did not end: the dataset's epoch is unchanged.
+    assert train.state_dict()["epoch"] == 0
+
+
+def test_a_killed_process_is_reported_and_the_others_are_stopped(ctr_files):
+    calls = itertools.count()
+    calling = os.getpid()
+
+    class Dying(CtrModel):
+        def forward(self, batch):
+            if next(calls) == 3 and os.getpid() != calling:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().forward(batch)
+
+    model = Dying()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    train = dataset(ctr_files[0], batch_size=20)
+    with pytest.raises(TrainerProcessError, match=r"process [12] \(pid \d+\) ended without a "
+                                                  r"result \(killed by SIGKILL\)"):
+        Executor().train_from_dataset(model, train, optimizer, thread=3, hogwild=True,
+                                      fetch_list=[])
+    assert child_pids() == []
+
+
+def test_processes_print_paddles_lines_from_process_0(ctr_files, capfd):
+    model = CtrModel()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    summary = Executor().train_from_dataset(
+        model, dataset(ctr_files[0]), optimizer, thread=2, hogwild=True,
+        fetch_list=["loss"], print_period=2,
+    )
+    assert summary.hogwild == "processes"
+    lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("time:")]
+    # Process 0's batches 2, 4, ... of its own count (of 60 in all).
+    numbers = [int(line.split("batch: [")[1].split("]")[0]) for line in lines]
+    assert numbers == list(range(2, 2 * len(numbers) + 1, 2)) and 1 <= len(numbers) <= 30
+    assert all("loss[1]:[" in line for line in lines)
+    assert summary.last_fetch["loss"] and summary.batches == 60
+    assert summary.mean_loss is not None and 0.1 < summary.mean_loss < 1.0
+
+
+# -- where threads run instead -----------------------------------------------------------
+
+
+def test_threads_serve_what_processes_cannot(ctr_files, caplog):
+    model = CtrModel(entry=CountFilterEntry(2))
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    with caplog.at_level("INFO", logger="trainer.executor"):
+        summary = Executor().train_from_dataset(
+            model, dataset(ctr_files[0]), optimizer, thread=2, hogwild=True, fetch_list=[]
+        )
+    assert summary.hogwild == "threads"
+    assert "has an entry or a row budget: Hogwild threads instead of processes" in caplog.text
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="someone-elses")
+    other.start()
+    try:
+        plain = CtrModel()
+        summary = Executor().train_from_dataset(
+            plain, dataset(ctr_files[0]),
+            local_optimizer(plain, torch.optim.Adagrad(plain.parameters(), lr=0.1)),
+            thread=2, hogwild=True, fetch_list=[],
+        )
+    finally:
+        stop.set()
+        other.join()
+    assert summary.hogwild == "threads"
+
+
+# -- shared tables -----------------------------------------------------------------------
+
+
+def test_rows_added_in_place_equal_rows_made_by_a_pull():
+    spec = OptimizerSpec.from_config({"type": "adagrad", "lr": 0.1})
+    ids = np.arange(1, 41, dtype=np.uint64) * 7919
+    plain, shared = SparseTable("t", 3, spec, seed=5), SparseTable("t", 3, spec, seed=5)
+    plain.pull(ids[:10])
+    shared.pull(ids[:10])
+    share_rows(shared, extra_rows=30)
+    assert add_rows_in_place(shared, ids[5:]) == 30
+    assert torch.equal(plain.pull(ids), shared.pull(ids))  # made in the same order
+    assert len(shared) == 40
+    with pytest.raises(SharedRowsFull, match=r"table 't': 41 rows needed, room was made for 40"):
+        add_rows_in_place(shared, np.array([1], dtype=np.uint64))
+
+
+def test_a_table_with_an_entry_is_not_shared():
+    spec = OptimizerSpec.from_config({"type": "sgd", "lr": 0.1})
+    table = SparseTable("e", 2, spec, entry=CountFilterEntry(3))
+    with pytest.raises(ValueError, match="table 'e' has an entry or a row budget"):
+        share_rows(table, 10)
