@@ -5,6 +5,7 @@ InMemoryDataset forks N trainers sharing the parameters and the sparse tables
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
 import signal
 import threading
@@ -13,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support import child_pids
 from torch import nn
 
 from datafeed import InMemoryDataset, Slot
-from support import child_pids
 from trainer import Executor, TrainerProcessError
 from trainer.nn import CountFilterEntry, SparseEmbedding
 from trainer.ps import ParameterServerRuntime, sparse
-from trainer.ps.shared_rows import SharedRowsFull, add_rows_in_place, share_rows
 from trainer.ps.optim import OptimizerSpec
+from trainer.ps.shared_rows import SharedRowsFull, add_rows_in_place, share_rows
 from trainer.ps.table import SparseTable
 from trainer.role import ClusterRole
 
@@ -134,7 +135,7 @@ def test_processes_train_to_the_auc_of_one_thread_and_share_everything(ctr_files
         assert summary.hogwild == ("processes" if threads > 1 else None)
         assert records == 2 * len(ids)
         # The processes' updates reached this process's parameters and tables.
-        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         table = table_of(model)
         assert len(table) == len(np.unique(np.concatenate(ids)))
         results[threads] = (held_out_auc(model, held), table.statistics(np.unique(
@@ -155,7 +156,7 @@ def test_every_pulled_row_is_pushed_once_in_some_process(ctr_files, monkeypatch)
 
     train_files, _, ids = ctr_files
     counts = shared_array((4,), np.int64)  # pulled, pushed, bad gradients, batches
-    lock = __import__("multiprocessing").get_context("fork").Lock()
+    lock = multiprocessing.get_context("fork").Lock()
     pull, push = SparseTable.pull, SparseTable.push
 
     def counted_pull(self, ids, create=True):
@@ -243,16 +244,16 @@ def test_processes_print_paddles_lines_from_process_0(ctr_files, capfd):
     model = CtrModel()
     optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
     summary = Executor().train_from_dataset(
-        model, dataset(ctr_files[0]), optimizer, thread=2, hogwild=True,
+        model, dataset(ctr_files[0], batch_size=20), optimizer, thread=2, hogwild=True,
         fetch_list=["loss"], print_period=2,
     )
     assert summary.hogwild == "processes"
     lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("time:")]
-    # Process 0's batches 2, 4, ... of its own count (of 60 in all).
+    # Process 0's batches 2, 4, ... of its own count (of 300 in all).
     numbers = [int(line.split("batch: [")[1].split("]")[0]) for line in lines]
-    assert numbers == list(range(2, 2 * len(numbers) + 1, 2)) and 1 <= len(numbers) <= 30
+    assert numbers == list(range(2, 2 * len(numbers) + 1, 2)) and 1 <= len(numbers) <= 150
     assert all("loss[1]:[" in line for line in lines)
-    assert summary.last_fetch["loss"] and summary.batches == 60
+    assert summary.last_fetch["loss"] and summary.batches == 300
     assert summary.mean_loss is not None and 0.1 < summary.mean_loss < 1.0
 
 

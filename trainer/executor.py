@@ -8,12 +8,14 @@ around ``next()``), as Paddle's ``HogwildWorker`` threads share one scope.
 Inference runs fully in parallel. Training threads read, parse and batch in
 parallel and step one at a time: forward, backward and ``step()`` under one lock
 (``thread=1`` is torch's own loop: ``backward()`` then ``optimizer.step()``).
-With ``hogwild=True`` training is Hogwild, as Paddle's threads are: each thread
-runs its forward, backward and update at the same time as the others (torch's
-kernels release the GIL), takes its own gradients and applies them to the
-shared parameters without a lock (trainer/hogwild.py), and trains the sparse
-tables with the rows it pulled itself. That needs an optimizer whose update can
-run so: ``SGD``, ``Adagrad``, ``Adam`` or ``AdamW``, plain or through
+With ``hogwild=True`` training is Hogwild, as Paddle's threads are: each trainer
+runs its forward, backward and update at the same time as the others, takes its
+own gradients and applies them to the shared parameters without a lock
+(trainer/hogwild.py), and trains the sparse tables with the rows it pulled
+itself. On an ``InMemoryDataset`` the trainers are processes sharing memory
+(trainer/hogwild_processes.py: Python's GIL lets threads overlap only inside
+torch's ops); elsewhere, and where processes cannot serve, threads. That needs
+an optimizer whose update can run so: ``SGD``, ``Adagrad``, ``Adam`` or ``AdamW``, plain or through
 ``fleet.distributed_optimizer`` in local mode; any other optimizer, and the
 parameter-server modes (async, sync, GEO), step one at a time instead (logged
 once as a warning). Hogwild is opt-in because it cost accuracy on
@@ -90,14 +92,17 @@ class Executor:
                 Threads read batches in parallel and step one at a time, unless
                 ``hogwild`` (the module's docstring). A
                 ``DistributedDataParallel`` model always runs one thread.
-            hogwild: with ``thread`` > 1, run each thread's forward, backward
-                and update at once, without a lock, as Paddle's threads do (SGD,
-                Adagrad, Adam or AdamW in one process). Opt-in: on
-                examples/mlp_local (a dense 100k-row EmbeddingBag, Adam) two
-                Hogwild threads reached held-out AUC 0.83-0.87 against 0.89
-                with one step at a time, a loss not yet explained; and on a
-                small model two threads run no faster than one (Python's GIL
-                changes hands at every torch op: docs/training_speed.md).
+            hogwild: with ``thread`` > 1, run ``thread`` trainers whose
+                forward, backward and update run at once, without a lock, as
+                Paddle's threads do (SGD, Adagrad, Adam or AdamW; local mode).
+                On an ``InMemoryDataset`` they are processes (this one and
+                ``thread - 1`` forked ones sharing parameters, optimizer state
+                and sparse tables: trainer/hogwild_processes.py), elsewhere
+                threads, which Python's GIL lets run no faster than one on a
+                small model (docs/training_speed.md); ``RunSummary.hogwild``
+                says which ran. Opt-in: on examples/mlp_local (a dense
+                100k-row EmbeddingBag, Adam) two Hogwild threads reached
+                held-out AUC 0.83-0.87 against 0.89 with one step at a time.
             debug: also print per-phase timings and records/s (to stderr).
             fetch_list: names (or objects with a ``name``) of outputs to print
                 every ``print_period`` batches; default ``["loss"]`` (in
@@ -214,11 +219,11 @@ class Executor:
             self.place if self.place is not None else _model_device(model),
         )
         run.keep_latest = periodic
-        processes, extra_rows = 0, 0
+        processes, room = 0, {}
         if train and threads > 1 and hogwild:
             run.hogwild = hogwild_step(optimizer)
             if run.hogwild is not None:
-                reason, extra_rows = hogwild_processes.prepare(run, dataset, run.hogwild)
+                reason, room = hogwild_processes.prepare(run, dataset, run.hogwild)
                 processes = threads if reason is None else 0
                 if reason is not None:
                     _log_once(f"{reason}: Hogwild threads instead of processes")
@@ -233,7 +238,7 @@ class Executor:
         try:
             with monitor or contextlib.nullcontext():  # stopped and joined on failure too
                 if processes:
-                    hogwild_processes.run_processes(run, dataset, processes, extra_rows)
+                    hogwild_processes.run_processes(run, dataset, processes, room)
                 elif threads == 1:
                     run.work(iterator, main_thread=True)
                 else:

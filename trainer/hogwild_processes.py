@@ -10,9 +10,9 @@ what Hogwild threads share, without that lock:
   before the fork (``Tensor.share_memory_``): each process applies its own
   gradients to them without a lock (``HogwildStep``, trainer/hogwild.py);
 * sparse tables: rows, optimizer state, statistics and index in shared memory,
-  with room for every distinct id of the dataset (trainer/ps/shared_rows.py); a
-  process updates rows in place and asks the parent for the rows of ids that
-  have none yet;
+  with room for each distinct id of the dataset that the table holds no row of
+  (trainer/ps/shared_rows.py); a process updates rows in place and asks the
+  calling process for the rows of ids that have none yet;
 * the records: the dataset's buffers, inherited by the fork. The parent plans
   the pass (``InMemoryDataset.batch_plan``) and each process takes the next
   batch number from a shared counter and builds that batch itself.
@@ -34,6 +34,8 @@ threads running, no ``fork``): the trainer then runs Hogwild threads.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -71,29 +73,34 @@ logger = logging.getLogger("trainer.executor")
 # available: an index holds 32-64 bytes per row it has room for.
 _INDEX_MEMORY_FRACTION = 0.25
 _STOP_GRACE_SECONDS = 5.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def prepare(run: Any, dataset: Any, step: HogwildStep) -> tuple[str | None, int]:
-    """Whether this pass can run in Hogwild processes: ``(None, extra_rows)``,
-    ``extra_rows`` the room each table needs for new ids (the dataset's
-    distinct ids); else ``(why not, 0)``. Changes nothing but making the
+def prepare(run: Any, dataset: Any, step: HogwildStep) -> tuple[str | None, dict[str, int]]:
+    """Whether this pass can run in Hogwild processes: ``(None, room)``,
+    ``room`` the rows each table needs room for (the dataset's distinct ids it
+    holds no row of); else ``(why not, {})``. Changes nothing but making the
     model's tables if they do not exist yet."""
     reason = _unavailable_reason(run, dataset, step)
     if reason is not None:
-        return reason, 0
+        return reason, {}
     tables = _tables(run.model)
     for table in tables.values():
         if table.entry is not None or table.max_rows is not None:
-            return f"table '{table.name}' has an entry or a row budget", 0
-    extra = _distinct_ids(dataset) if tables else 0
-    needed = sum(64 * (len(table) + extra) for table in tables.values())
+            return f"table '{table.name}' has an entry or a row budget", {}
+    ids = _distinct_ids(dataset) if tables else np.zeros(0, dtype=np.uint64)
+    room = {
+        name: int((table._index.lookup(ids) < 0).sum()) for name, table in tables.items()
+    }
+    needed = sum(64 * (len(table) + room[name]) for name, table in tables.items())
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > _INDEX_MEMORY_FRACTION * available:
         return (
-            f"sharing {len(tables)} tables with room for {extra:,} new ids each would take "
-            f"up to {needed / 2**30:.1f} GiB of index ({available / 2**30:.1f} GiB available)"
-        ), 0
-    return None, extra
+            f"sharing {len(tables)} tables with room for up to {max(room.values()):,} new "
+            f"ids each would take up to {needed / 2**30:.1f} GiB of index "
+            f"({available / 2**30:.1f} GiB available)"
+        ), {}
+    return None, room
 
 
 def _unavailable_reason(run: Any, dataset: Any, step: HogwildStep) -> str | None:
@@ -121,21 +128,21 @@ def _unavailable_reason(run: Any, dataset: Any, step: HogwildStep) -> str | None
     return None
 
 
-def run_processes(run: Any, dataset: Any, count: int, extra_rows: int) -> None:
+def run_processes(run: Any, dataset: Any, count: int, room: dict[str, int]) -> None:
     """Trains one pass of ``dataset`` in this process and ``count - 1`` forked
     ones (after ``prepare`` found no reason against), adding their counters and
-    timings to ``run`` (a ``DatasetPass``); ``extra_rows``: ``prepare``'s."""
+    timings to ``run`` (a ``DatasetPass``); ``room``: ``prepare``'s."""
     tables = _tables(run.model)
     _share_dense(run.model, run.hogwild)
-    for table in tables.values():
-        share_rows(table, extra_rows)
+    for name, table in tables.items():
+        share_rows(table, room[name])
     plan = dataset.batch_plan()
     batches = _TakenBatches(plan, shared_array((1,), np.int64), get_context("fork").Lock())
     ticks = {name: table._stats.clock.tick for name, table in tables.items()}
     sys.stdout.flush()
     sys.stderr.flush()  # or the children would print what this process had buffered
     processes: dict[int, tuple[int, connection.Connection]] = {}
-    server = None
+    server, calling = None, os.getpid()
     try:
         for number in range(1, count):
             parent_end, child_end = get_context("fork").Pipe(duplex=True)
@@ -146,7 +153,7 @@ def run_processes(run: Any, dataset: Any, count: int, extra_rows: int) -> None:
                 pid = os.fork()
             if pid == 0:  # the child never returns from here
                 parent_end.close()
-                _child(number, child_end, run, batches, tables)
+                _child(number, child_end, run, batches, tables, calling)
             child_end.close()
             processes[number] = (pid, parent_end)
         server = _Server(processes, tables, run.stop)
@@ -200,16 +207,16 @@ def _tables(model: Any) -> dict[str, Any]:
     return {name: store.table(config) for name, config in configs.items()}
 
 
-def _distinct_ids(dataset: Any) -> int:
-    """Distinct values of the dataset's integer slots: the most rows a pass
-    can add to a table that takes its ids from them."""
+def _distinct_ids(dataset: Any) -> np.ndarray:
+    """The distinct values of the dataset's 64-bit integer slots (uint64): the
+    ids a pass can add rows for, in a table that takes its ids from them."""
     seen = IdIndex()
     store = dataset._require_store("sharing tables with Hogwild processes")
     for chunk in store.chunks:
         for column in chunk.columns:
             if column.values.dtype.kind in "iu" and column.values.dtype.itemsize == 8:
                 seen.lookup_or_insert(np.array(column.values))  # a writable copy
-    return seen.size
+    return seen.ids_in_row_order()
 
 
 def _share_dense(model: Any, step: HogwildStep) -> None:
@@ -352,12 +359,13 @@ def _stop(processes: dict[int, tuple[int, connection.Connection]], kill: bool) -
 # -- a child ---------------------------------------------------------------------------
 
 
-def _child(number, conn, run, batches, tables) -> None:
+def _child(number, conn, run, batches, tables, parent) -> None:
     """A forked process's whole life: trains its share of the pass, sends its
     result or its error, and exits without returning to the caller's stack."""
     status = 1
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the calling process stops us
+        _die_with_parent(parent)
         torch.set_num_threads(1)  # one core per process, as Paddle's threads
 
         def ask_for_rows(name: str, ids: np.ndarray) -> None:
@@ -383,16 +391,24 @@ def _child(number, conn, run, batches, tables) -> None:
             "type": type(error).__name__, "message": str(error),
             "traceback": "".join(traceback.format_exception(error)),
         }
-        try:
+        with contextlib.suppress(OSError):  # the calling process is gone
             conn.send_bytes(b"E" + json.dumps(report).encode())
-        except OSError:
-            pass  # the parent is gone
     finally:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(status)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the process that forked it dies (Linux's
+    PR_SET_PDEATHSIG), so that a killed trainer leaves no orphans."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # best effort: the pipe's EOF stops the process too
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
 
 
 class _TakenBatches:

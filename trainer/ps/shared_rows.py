@@ -41,10 +41,11 @@ def shared_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def _is_shared(array: np.ndarray) -> bool:
+    """Whether ``array`` views ``shared_array``'s memory."""
     base = array
     while isinstance(base, np.ndarray):
         base = base.base
-    return isinstance(base, mmap.mmap)
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
 
 def share_rows(table: SparseTable, extra_rows: int) -> None:
@@ -62,9 +63,9 @@ def share_rows(table: SparseTable, extra_rows: int) -> None:
             )
         used = table._index.size
         rows = max(used + int(extra_rows), 1)
-        if _is_shared(table._weights) and table._weights.shape[0] >= rows:
-            if table._index.fits(rows):
-                return  # shared by an earlier pass, with room enough
+        shared = _is_shared(table._weights) and table._weights.shape[0] >= rows
+        if shared and table._index.fits(rows):
+            return  # shared by an earlier pass, with room enough
         arrays = []
         for array in table._arrays():
             shared = shared_array((rows, *array.shape[1:]), array.dtype)
