@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from . import cache, collectives, fs, global_shuffle, merge, shuffle, state
@@ -520,6 +521,14 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         if self._shuffled_alone and fleet is None:
             return 0
         return self.get_memory_data_size(fleet)
+
+    def integer_values(self) -> Iterator[np.ndarray]:
+        """The values of every 64-bit integer slot (the feature ids), one
+        read-only array per slot and chunk of the records in memory."""
+        for chunk in self._require_store("reading the ids").chunks:
+            for column in chunk.columns:
+                if column.values.dtype.kind in "iu" and column.values.dtype.itemsize == 8:
+                    yield column.values
 
     @property
     def nbytes(self) -> int:

@@ -270,6 +270,18 @@ def test_threads_serve_what_processes_cannot(ctr_files, caplog):
     assert summary.hogwild == "threads"
     assert "has an entry or a row budget: Hogwild threads instead of processes" in caplog.text
 
+    # tqdm's monitor thread (a progress bar left open) does not count.
+    from tqdm import tqdm
+
+    with open(os.devnull, "w") as quiet, tqdm(total=1, file=quiet, mininterval=0.01):
+        plain = CtrModel()
+        summary = Executor().train_from_dataset(
+            plain, dataset(ctr_files[0]),
+            local_optimizer(plain, torch.optim.Adagrad(plain.parameters(), lr=0.1)),
+            thread=2, hogwild=True, fetch_list=[],
+        )
+    assert summary.hogwild == "processes"
+
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, name="someone-elses")
     other.start()

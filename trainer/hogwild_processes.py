@@ -54,15 +54,18 @@ import torch
 from .hogwild import HogwildStep
 from .job.errors import TrainerProcessError
 from .ps import sparse
-from .ps._rows import IdIndex
-from .ps.dense_update import _init_adam
 from .ps.shared_rows import (
     SharedRowsFull,
+    add_pull_ticks,
     add_rows_in_place,
     add_rows_locked,
+    pull_ticks,
+    rows_missing,
+    set_row_source,
     share_rows,
     shared_array,
 )
+from .ps.table import IdIndex
 from .train_loop import PassStopped
 
 __all__ = ["prepare", "run_processes"]
@@ -74,6 +77,9 @@ logger = logging.getLogger("trainer.executor")
 _INDEX_MEMORY_FRACTION = 0.25
 _STOP_GRACE_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Threads a fork may copy: tqdm's progress-bar monitor (a bar left open keeps
+# it alive) holds only tqdm's lock, which the forked trainers never take.
+_FORK_SAFE_THREADS = ("TMonitor",)
 
 
 def prepare(run: Any, dataset: Any, step: HogwildStep) -> tuple[str | None, dict[str, int]]:
@@ -89,9 +95,7 @@ def prepare(run: Any, dataset: Any, step: HogwildStep) -> tuple[str | None, dict
         if table.entry is not None or table.max_rows is not None:
             return f"table '{table.name}' has an entry or a row budget", {}
     ids = _distinct_ids(dataset) if tables else np.zeros(0, dtype=np.uint64)
-    room = {
-        name: int((table._index.lookup(ids) < 0).sum()) for name, table in tables.items()
-    }
+    room = {name: rows_missing(table, ids) for name, table in tables.items()}
     needed = sum(64 * (len(table) + room[name]) for name, table in tables.items())
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > _INDEX_MEMORY_FRACTION * available:
@@ -108,15 +112,17 @@ def _unavailable_reason(run: Any, dataset: Any, step: HogwildStep) -> str | None
         return "Hogwild processes are forked, which this platform does not offer (Linux only)"
     if not callable(getattr(dataset, "batch_plan", None)):
         return f"a {type(dataset).__name__} is not an InMemoryDataset holding its records"
-    if getattr(dataset, "_store", None) is None:
-        return "the dataset holds no records (load_into_memory() first)"
     if run.device is not None:
         return f"the model runs on {run.device}, not on the CPU"
     if run.fetch_handler is not None or run.keep_latest:
         return "a fetch_handler runs in the trainer's process"
-    if threading.active_count() > 1:
-        names = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())
-        return f"other threads are running ({', '.join(names)}): a fork could copy a held lock"
+    others = [
+        t.name for t in threading.enumerate()
+        if t is not threading.current_thread() and type(t).__name__ not in _FORK_SAFE_THREADS
+    ]
+    if others:
+        names = ", ".join(sorted(others))
+        return f"other threads are running ({names}): a fork could copy a lock one holds"
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return "a torch.distributed process group is formed"
     optimizer = step.update.optimizer
@@ -138,7 +144,7 @@ def run_processes(run: Any, dataset: Any, count: int, room: dict[str, int]) -> N
         share_rows(table, room[name])
     plan = dataset.batch_plan()
     batches = _TakenBatches(plan, shared_array((1,), np.int64), get_context("fork").Lock())
-    ticks = {name: table._stats.clock.tick for name, table in tables.items()}
+    ticks = {name: pull_ticks(table) for name, table in tables.items()}
     sys.stdout.flush()
     sys.stderr.flush()  # or the children would print what this process had buffered
     processes: dict[int, tuple[int, connection.Connection]] = {}
@@ -166,9 +172,8 @@ def run_processes(run: Any, dataset: Any, count: int, room: dict[str, int]) -> N
         _stop(processes, kill=True)
         raise
     _stop(processes, kill=False)
-    for name, table in tables.items():
-        pulls = sum(r["ticks"][name] - ticks[name] for r in results[1:])
-        table._stats.clock.tick += pulls  # this process's own pulls are counted
+    for name, table in tables.items():  # this process's own pulls are counted
+        add_pull_ticks(table, sum(r["ticks"][name] - ticks[name] for r in results[1:]))
     for result in results[1:]:
         run.batches += result["batches"]
         run.records += result["records"]
@@ -183,14 +188,14 @@ def _train_here(run: Any, batches: _TakenBatches, tables: dict) -> dict:
     """This process's share of the pass, as process 0: rows it adds go
     through ``add_rows_locked`` (within the shared room)."""
     for table in tables.values():
-        table._add_rows = lambda name, ids: add_rows_locked(tables[name], ids)
+        set_row_source(table, lambda name, ids: add_rows_locked(tables[name], ids))
     try:
         run.work(batches, main_thread=False)
     except PassStopped:
         pass  # a forked process failed: the server raises its error
     finally:
         for table in tables.values():
-            table._add_rows = None
+            set_row_source(table, None)
     return {}
 
 
@@ -211,26 +216,18 @@ def _distinct_ids(dataset: Any) -> np.ndarray:
     """The distinct values of the dataset's 64-bit integer slots (uint64): the
     ids a pass can add rows for, in a table that takes its ids from them."""
     seen = IdIndex()
-    store = dataset._require_store("sharing tables with Hogwild processes")
-    for chunk in store.chunks:
-        for column in chunk.columns:
-            if column.values.dtype.kind in "iu" and column.values.dtype.itemsize == 8:
-                seen.lookup_or_insert(np.array(column.values))  # a writable copy
+    for values in dataset.integer_values():
+        seen.lookup_or_insert(np.array(values))  # a writable copy
     return seen.ids_in_row_order()
 
 
 def _share_dense(model: Any, step: HogwildStep) -> None:
     """Parameters, buffers and optimizer state into shared memory (in place)."""
-    optimizer = step.update.optimizer
-    if step.update.kind in ("adam", "adamw"):
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if len(optimizer.state[param]) == 0:
-                    _init_adam(param, group, optimizer.state[param])
+    step.update.init_state()
     tensors = list(step.params)
     if isinstance(model, torch.nn.Module):
         tensors += list(model.parameters()) + list(model.buffers())
-    for state in optimizer.state.values():
+    for state in step.update.optimizer.state.values():
         tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
     for tensor in tensors:
         tensor.share_memory_()
@@ -375,14 +372,14 @@ def _child(number, conn, run, batches, tables, parent) -> None:
                 raise SharedRowsFull(answer[1:].decode())
 
         for table in tables.values():
-            table._add_rows = ask_for_rows
+            set_row_source(table, ask_for_rows)
         run.print_period = sys.maxsize  # process 0 prints
         run.started = time.perf_counter()
         run.work(batches, main_thread=False)
         result = {
             "batches": run.batches, "records": run.records, "loss_sum": run.loss_sum,
             "loss_batches": run.loss_batches, "timings": run.timings,
-            "ticks": {name: table._stats.clock.tick for name, table in tables.items()},
+            "ticks": {name: pull_ticks(table) for name, table in tables.items()},
         }
         conn.send_bytes(b"D" + json.dumps(result).encode())
         status = 0

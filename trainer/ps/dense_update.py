@@ -110,6 +110,16 @@ class DenseUpdate:
                     seen.add(id(param))
                     self.params.append(param)
 
+    def init_state(self) -> None:
+        """Makes the state a first update makes (Adam's moments) now, so that
+        it exists before the parameters are shared (Hogwild processes)."""
+        if self.kind in ("adam", "adamw"):
+            with self._init_lock:
+                for group in self.optimizer.param_groups:
+                    for param in group["params"]:
+                        if len(self.optimizer.state[param]) == 0:
+                            _init_adam(param, group, self.optimizer.state[param])
+
     def apply(self, grads: Sequence[torch.Tensor | None]) -> None:
         """Updates each parameter of ``params`` by its gradient (None: unused, skipped)."""
         if len(grads) != len(self.params):

@@ -15,6 +15,7 @@ evicting and renumbering rows is one process's bookkeeping.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -22,7 +23,8 @@ import torch
 from .table import SparseTable, as_u64
 
 __all__ = [
-    "SharedRowsFull", "add_rows_in_place", "add_rows_locked", "share_rows", "shared_array"
+    "SharedRowsFull", "add_pull_ticks", "add_rows_in_place", "add_rows_locked", "pull_ticks",
+    "rows_missing", "set_row_source", "share_rows", "shared_array",
 ]
 
 
@@ -108,3 +110,27 @@ def add_rows_locked(table: SparseTable, ids: np.ndarray | torch.Tensor) -> int:
     if not np.array_equal(made, rows):
         raise ValueError(f"table '{table.name}': add_rows_in_place needs distinct ids")
     return count
+
+
+def rows_missing(table: SparseTable, ids: np.ndarray) -> int:
+    """How many of the distinct uint64 ``ids`` have no row in ``table``."""
+    with table._lock:
+        return int((table._index.lookup(ids) < 0).sum())
+
+
+def pull_ticks(table: SparseTable) -> int:
+    """The table's count of training pulls (its statistics' clock)."""
+    return table._stats.clock.tick
+
+
+def add_pull_ticks(table: SparseTable, pulls: int) -> None:
+    """Advances the clock by the training pulls other processes made."""
+    with table._lock:
+        table._stats.clock.tick += pulls
+
+
+def set_row_source(table: SparseTable, add_rows: Callable[[str, np.ndarray], None] | None) -> None:
+    """Where ``table`` gets rows for new ids: ``add_rows(name, ids)`` (a
+    Hogwild process asking the calling one, or the calling one adding them
+    within the shared room with the lock held); None: the table itself."""
+    table._add_rows = add_rows
