@@ -22,7 +22,7 @@ from trainer import Executor, TrainerProcessError
 from trainer.nn import CountFilterEntry, SparseEmbedding
 from trainer.ps import ParameterServerRuntime, sparse
 from trainer.ps.optim import OptimizerSpec
-from trainer.ps.shared_rows import SharedRowsFull, add_rows_in_place, share_rows
+from trainer.ps.shared_rows import SharedRowsFull, share_rows
 from trainer.ps.table import SparseTable
 from trainer.role import ClusterRole
 
@@ -301,18 +301,22 @@ def test_threads_serve_what_processes_cannot(ctr_files, caplog):
 # -- shared tables -----------------------------------------------------------------------
 
 
-def test_rows_added_in_place_equal_rows_made_by_a_pull():
+def test_rows_added_by_the_shared_adder_equal_rows_made_by_a_pull():
     spec = OptimizerSpec.from_config({"type": "adagrad", "lr": 0.1})
     ids = np.arange(1, 41, dtype=np.uint64) * 7919
     plain, shared = SparseTable("t", 3, spec, seed=5), SparseTable("t", 3, spec, seed=5)
     plain.pull(ids[:10])
     shared.pull(ids[:10])
-    share_rows(shared, extra_rows=30)
-    assert add_rows_in_place(shared, ids[5:]) == 30
-    assert torch.equal(plain.pull(ids), shared.pull(ids))  # made in the same order
-    assert len(shared) == 40
+    adder = share_rows(shared, extra_rows=30)
+    adder.attach()
+    shared.pull(ids[5:])  # its new rows through the adder
     with pytest.raises(SharedRowsFull, match=r"table 't': 41 rows needed, room was made for 40"):
-        add_rows_in_place(shared, np.array([1], dtype=np.uint64))
+        shared.pull(np.array([1], dtype=np.uint64))
+    adder.detach()
+    assert len(shared) == 40
+    assert torch.equal(plain.pull(ids), shared.pull(ids))  # made in the same order
+    shared.pull(np.array([1], dtype=np.uint64))  # grows as any table once detached
+    assert len(shared) == 41
 
 
 def test_a_table_with_an_entry_is_not_shared():

@@ -11,24 +11,24 @@ what Hogwild threads share, without that lock:
   gradients to them without a lock (``HogwildStep``, trainer/hogwild.py);
 * sparse tables: rows, optimizer state, statistics and index in shared memory,
   with room for each distinct id of the dataset that the table holds no row of
-  (trainer/ps/shared_rows.py); a process updates rows in place and asks the
-  calling process for the rows of ids that have none yet;
+  (trainer/ps/shared_rows.py): a process updates rows in place, and adds the
+  rows of ids that have none yet, one process at a time;
 * the records: the dataset's buffers, inherited by the fork. The parent plans
   the pass (``InMemoryDataset.batch_plan``) and each process takes the next
   batch number from a shared counter and builds that batch itself.
 
 The calling process trains as process 0 and forks N - 1 others (a fork of a
 process that imported torch costs milliseconds, and their exits as much). A
-thread of it adds the rows the others ask for and collects their counters and
-timings (plain JSON: nothing is unpickled). A process that fails sends its
-error; the others are stopped and the call raises it. Only parameters,
-buffers, optimizer state and sparse rows come back: Python state that a
-forward changes in a forked process stays there, and only process 0 prints
-``print_period`` lines (with its own batch count, as Paddle's thread 0 does).
+thread of it collects the others' counters and timings (plain JSON: nothing is
+unpickled). A process that fails sends its error; the others are stopped and
+the call raises it. Only parameters, buffers, optimizer state and sparse rows
+come back: Python state that a forward changes in a forked process stays
+there, and only process 0 prints ``print_period`` lines (with its own batch
+count, as Paddle's thread 0 does).
 
-``prepare`` says why a run cannot use processes (another dataset, a
-device, a fetch handler, a table with an entry or a budget, other Python
-threads running, no ``fork``): the trainer then runs Hogwild threads.
+``prepare`` says why a run cannot use processes (another dataset, a device, a
+fetch handler, a table with an entry or a budget, other Python threads
+running, no ``fork``): the trainer then runs Hogwild threads.
 """
 
 from __future__ import annotations
@@ -54,17 +54,7 @@ import torch
 from .hogwild import HogwildStep
 from .job.errors import TrainerProcessError
 from .ps import sparse
-from .ps.shared_rows import (
-    SharedRowsFull,
-    add_pull_ticks,
-    add_rows_in_place,
-    add_rows_locked,
-    pull_ticks,
-    rows_missing,
-    set_row_source,
-    share_rows,
-    shared_array,
-)
+from .ps.shared_rows import add_pull_ticks, pull_ticks, rows_missing, share_rows, shared_array
 from .ps.table import IdIndex
 from .train_loop import PassStopped
 
@@ -140,8 +130,7 @@ def run_processes(run: Any, dataset: Any, count: int, room: dict[str, int]) -> N
     timings to ``run`` (a ``DatasetPass``); ``room``: ``prepare``'s."""
     tables = _tables(run.model)
     _share_dense(run.model, run.hogwild)
-    for name, table in tables.items():
-        share_rows(table, room[name])
+    adders = [share_rows(table, room[name]) for name, table in tables.items()]
     plan = dataset.batch_plan()
     batches = _TakenBatches(plan, shared_array((1,), np.int64), get_context("fork").Lock())
     ticks = {name: pull_ticks(table) for name, table in tables.items()}
@@ -149,6 +138,8 @@ def run_processes(run: Any, dataset: Any, count: int, room: dict[str, int]) -> N
     sys.stderr.flush()  # or the children would print what this process had buffered
     processes: dict[int, tuple[int, connection.Connection]] = {}
     server, calling = None, os.getpid()
+    for adder in adders:  # every process adds rows through them (the forks too)
+        adder.attach()
     try:
         for number in range(1, count):
             parent_end, child_end = get_context("fork").Pipe(duplex=True)
@@ -162,19 +153,23 @@ def run_processes(run: Any, dataset: Any, count: int, room: dict[str, int]) -> N
                 _child(number, child_end, run, batches, tables, calling)
             child_end.close()
             processes[number] = (pid, parent_end)
-        server = _Server(processes, tables, run.stop)
+        server = _Server(processes, run.stop)
         server.start()
-        own = _train_here(run, batches, tables)
-        results = [own, *server.results()]  # raises a process's failure
+        with contextlib.suppress(PassStopped):  # a forked process failed: raised next
+            run.work(batches, main_thread=False)
+        results = server.results()  # raises a process's failure
     except BaseException:
         if server is not None:
             server.close()
         _stop(processes, kill=True)
         raise
+    finally:
+        for adder in adders:
+            adder.detach()
     _stop(processes, kill=False)
     for name, table in tables.items():  # this process's own pulls are counted
-        add_pull_ticks(table, sum(r["ticks"][name] - ticks[name] for r in results[1:]))
-    for result in results[1:]:
+        add_pull_ticks(table, sum(r["ticks"][name] - ticks[name] for r in results))
+    for result in results:
         run.batches += result["batches"]
         run.records += result["records"]
         run.loss_sum += result["loss_sum"]
@@ -182,21 +177,6 @@ def run_processes(run: Any, dataset: Any, count: int, room: dict[str, int]) -> N
         for phase, seconds in result["timings"].items():
             run.timings[phase] += seconds
     plan.finish()
-
-
-def _train_here(run: Any, batches: _TakenBatches, tables: dict) -> dict:
-    """This process's share of the pass, as process 0: rows it adds go
-    through ``add_rows_locked`` (within the shared room)."""
-    for table in tables.values():
-        set_row_source(table, lambda name, ids: add_rows_locked(tables[name], ids))
-    try:
-        run.work(batches, main_thread=False)
-    except PassStopped:
-        pass  # a forked process failed: the server raises its error
-    finally:
-        for table in tables.values():
-            set_row_source(table, None)
-    return {}
 
 
 # -- the parent ------------------------------------------------------------------------
@@ -238,9 +218,9 @@ class _Server(threading.Thread):
     results. A failure stops the pass (``stop``: this process's trainer
     stops at its next batch) and is raised by ``results``."""
 
-    def __init__(self, processes: dict, tables: dict, stop: threading.Event) -> None:
+    def __init__(self, processes: dict, stop: threading.Event) -> None:
         super().__init__(name="hogwild-process-server", daemon=True)
-        self._processes, self._tables, self._stop_pass = processes, tables, stop
+        self._processes, self._stop_pass = processes, stop
         self._closing = threading.Event()
         self._results: dict[int, dict] = {}
         self._error: BaseException | None = None
@@ -268,9 +248,6 @@ class _Server(threading.Thread):
                 f"({_exit_status(pid)})", process=number,
             ) from None
         kind, body = message[:1], message[1:]
-        if kind == b"R":
-            conn.send_bytes(_add_rows(self._tables, body))
-            return False
         if kind == b"D":
             self._results[number] = json.loads(body)
             return True
@@ -286,16 +263,6 @@ class _Server(threading.Thread):
     def close(self) -> None:
         self._closing.set()
         self.join()
-
-
-def _add_rows(tables: dict, body: bytes) -> bytes:
-    """A process's request for rows: the table's name, a NUL, the ids' bytes."""
-    name, _, ids = body.partition(b"\0")
-    try:
-        add_rows_in_place(tables[name.decode()], np.frombuffer(ids, dtype=np.uint64).copy())
-    except SharedRowsFull as error:
-        return b"F" + str(error).encode()
-    return b"K"
 
 
 def _failure(number: int, error: dict) -> BaseException:
@@ -365,14 +332,6 @@ def _child(number, conn, run, batches, tables, parent) -> None:
         _die_with_parent(parent)
         torch.set_num_threads(1)  # one core per process, as Paddle's threads
 
-        def ask_for_rows(name: str, ids: np.ndarray) -> None:
-            conn.send_bytes(b"R" + name.encode() + b"\0" + np.ascontiguousarray(ids).tobytes())
-            answer = conn.recv_bytes()
-            if answer[:1] != b"K":
-                raise SharedRowsFull(answer[1:].decode())
-
-        for table in tables.values():
-            set_row_source(table, ask_for_rows)
         run.print_period = sys.maxsize  # process 0 prints
         run.started = time.perf_counter()
         run.work(batches, main_thread=False)

@@ -217,6 +217,11 @@ cdef class IdIndex:
         if ids.shape[0]:
             self.lookup_or_insert(ids)
 
+    def set_size(self, int64_t size):
+        """Sets the row count: for an index whose shared cells another process
+        added to (Hogwild processes, trainer/ps/shared_rows.py)."""
+        self.size = size
+
     def fits(self, int64_t rows):
         """Whether ``rows`` ids fit without the index growing (moving its cells)."""
         return not _over_load(rows, self.capacity)
