@@ -319,6 +319,28 @@ def test_rows_added_by_the_shared_adder_equal_rows_made_by_a_pull():
     assert len(shared) == 41
 
 
+def test_a_pass_after_a_shrink_shares_the_rebuilt_index(ctr_files):
+    """A shrink rebuilds the index in private memory (the rows stay where they
+    were): the next pass must share it again, or rows one process adds would
+    be invisible to the others."""
+    train_files, _, ids = ctr_files
+    model = CtrModel()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    train = dataset(train_files)
+    distinct = np.unique(np.concatenate(ids)).astype(np.uint64)
+    Executor().train_from_dataset(model, train, optimizer, thread=2, hogwild=True, fetch_list=[])
+    table = table_of(model)
+    assert len(table) == len(distinct)
+    table.set_pass(1000)  # every row unseen for longer than the accessor keeps them
+    assert table.shrink() == (len(distinct), 0)
+    summary = Executor().train_from_dataset(
+        model, train, optimizer, thread=2, hogwild=True, fetch_list=[]
+    )
+    assert summary.hogwild == "processes"
+    assert len(table) == len(distinct)
+    assert (table.statistics(distinct)["show"] > 0).all()  # every row made again, once
+
+
 def test_a_table_with_an_entry_is_not_shared():
     spec = OptimizerSpec.from_config({"type": "sgd", "lr": 0.1})
     table = SparseTable("e", 2, spec, entry=CountFilterEntry(3))

@@ -153,6 +153,11 @@ cdef class IdIndex:
     def capacity(self):
         return <int64_t>self._mask + 1
 
+    @property
+    def cells(self):
+        """The slots' array (read it only): where the index lives."""
+        return self._cells_array
+
     cdef inline int64_t* _slot(self, uint64_t key) noexcept nogil:
         """The slot holding ``key``, or the empty slot where it would go."""
         cdef uint64_t pos = _mix64(key) & self._mask

@@ -118,8 +118,10 @@ def share_rows(table: SparseTable, extra_rows: int) -> SharedRowAdder:
             )
         used = table._index.size
         rows = max(used + int(extra_rows), 1)
-        shared = _is_shared(table._weights) and table._weights.shape[0] >= rows
-        if not (shared and table._index.fits(rows)):
+        # Kept from an earlier pass only if nothing moved since: a shrink
+        # compacts the rows in place but rebuilds the index in private memory.
+        kept = all(_is_shared(a) and a.shape[0] >= rows for a in table._arrays())
+        if not (kept and _is_shared(table._index.cells) and table._index.fits(rows)):
             arrays = []
             for array in table._arrays():
                 moved = shared_array((rows, *array.shape[1:]), array.dtype)
