@@ -1,4 +1,9 @@
-"""Hogwild trainer threads: records/s, CPU time and held-out AUC of thread=1 vs thread=N.
+"""Hogwild trainers: records/s, CPU time and held-out AUC of thread=1 vs thread=N.
+
+``train_from_dataset(thread=N, hogwild=True)`` on an InMemoryDataset runs N
+processes sharing memory (trainer/hogwild_processes.py); on any other
+iterable of batches, N threads. Each N > 1 runs both ways: the dataset
+itself (processes) and a generator over it (threads).
 
 The small CTR model of issue 14 in one process, local mode (sparse tables in
 process, through ``fleet.distributed_optimizer``): dense 4 floats plus three
@@ -73,15 +78,18 @@ def child(config: dict) -> dict:
     optimizer = fleet.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
     train = dataset(config["files"], config["batch_size"])
     executor = Executor()
+    engines = set()
     records = batches = 0
     phases = {"forward": 0.0, "backward": 0.0, "step": 0.0}
     wall0, cpu0 = time.perf_counter(), cpu_seconds()
     for epoch in range(config["epochs"]):
         train.local_shuffle(seed=config["seed"] + epoch)
+        source = train if config["engine"] != "threads" else (batch for batch in train)
         summary = executor.train_from_dataset(
-            model, train, optimizer, thread=config["threads"], fetch_list=[],
+            model, source, optimizer, thread=config["threads"], fetch_list=[],
             hogwild=config["threads"] > 1,
         )
+        engines.add(summary.hogwild)
         records += summary.records
         batches += summary.batches
         for phase in phases:
@@ -95,6 +103,7 @@ def child(config: dict) -> dict:
     )
     return {
         "threads": config["threads"],
+        "engine": sorted(map(str, engines)),
         "records_per_s": records / wall,
         "cpu_ms_per_batch": 1e3 * cpu / batches,
         "phase_ms": {k: 1e3 * v / batches for k, v in phases.items()},
@@ -119,25 +128,26 @@ def run(config: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def table(args: argparse.Namespace, runs: dict[int, list[dict]]) -> str:
+def table(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     """The results as markdown."""
-    base = statistics.median(r["records_per_s"] for r in runs[args.threads[0]])
+    base = statistics.median(r["records_per_s"] for r in next(iter(runs.values())))
     lines = [
-        "# Hogwild trainer threads: the small CTR model, one process",
+        "# Hogwild trainers: the small CTR model, one machine",
         "",
         f"{args.files} files x {args.lines:,} lines, batch 256, Adagrad lr 0.1, "
         f"{args.epochs} epochs (local_shuffle + train_from_dataset each), local mode, "
         f"median of {args.repeats} alternating run(s), "
         f"`python benchmarks/bench_hogwild.py --repeats {args.repeats} "
         f"--torch-threads {args.torch_threads}`. "
-        f"torch intra-op threads: {runs[args.threads[0]][0]['torch_threads']}. "
+        f"torch intra-op threads: {next(iter(runs.values()))[0]['torch_threads']}. "
         f"Machine: {os.cpu_count()} cores, shared.",
         "",
-        "| thread | records/s | vs thread=1 | CPU ms/batch | forward ms | backward ms "
-        "| update ms | held-out AUC | records/s of each run |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| thread | Hogwild trainers | records/s | vs the first row | CPU ms/batch "
+        "| forward ms | backward ms | update ms | held-out AUC | records/s of each run |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for threads, results in runs.items():
+    for label, results in runs.items():
+        threads, engine = label.split(" ", 1) if " " in label else (label, "-")
         rate = statistics.median(r["records_per_s"] for r in results)
         cpu = statistics.median(r["cpu_ms_per_batch"] for r in results)
         phase = {
@@ -147,7 +157,7 @@ def table(args: argparse.Namespace, runs: dict[int, list[dict]]) -> str:
         auc_value = statistics.median(r["auc"] for r in results)
         each = ", ".join(f"{r['records_per_s']:,.0f}" for r in results)
         lines.append(
-            f"| {threads} | {rate:,.0f} | {rate / base:.2f}x | {cpu:.2f} | "
+            f"| {threads} | {engine} | {rate:,.0f} | {rate / base:.2f}x | {cpu:.2f} | "
             f"{phase['forward']:.2f} | {phase['backward']:.2f} | {phase['step']:.2f} | "
             f"{auc_value:.4f} | {each} |"
         )
@@ -176,17 +186,26 @@ def main() -> None:
     import make_small_ctr
 
     parts, held = make_small_ctr.write(DATA, args.lines, args.files)
-    runs: dict[int, list[dict]] = {t: [] for t in args.threads}
+    trainers = [
+        (threads, engine) for threads in args.threads
+        for engine in ((None,) if threads == 1 else ("processes", "threads"))
+    ]
+    runs: dict[str, list[dict]] = {
+        f"{t} {e}" if e else str(t): [] for t, e in trainers
+    }
     for repeat in range(args.repeats):
-        for threads in args.threads:
+        for threads, engine in trainers:
             result = run({
-                "threads": threads, "files": [str(p) for p in parts], "heldout": str(held),
-                "batch_size": 256, "epochs": args.epochs, "seed": 0,
+                "threads": threads, "engine": engine, "files": [str(p) for p in parts],
+                "heldout": str(held), "batch_size": 256, "epochs": args.epochs, "seed": 0,
                 "torch_threads": args.torch_threads,
             })
-            runs[threads].append(result)
+            if engine is not None and result["engine"] != [engine]:
+                raise RuntimeError(f"thread={threads} ran as {result['engine']}, not {engine}")
+            runs[f"{threads} {engine}" if engine else str(threads)].append(result)
             print(
-                f"repeat {repeat} thread={threads}: {result['records_per_s']:,.0f} records/s, "
+                f"repeat {repeat} thread={threads} {engine or ''}: "
+                f"{result['records_per_s']:,.0f} records/s, "
                 f"{result['cpu_ms_per_batch']:.2f} CPU ms/batch, AUC {result['auc']:.4f}",
                 flush=True,
             )

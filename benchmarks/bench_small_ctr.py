@@ -9,7 +9,8 @@ on heldout.txt (20,000 lines).
 
 Rows:
 * local thread=1, thread=2: one process, Adagrad lr 0.1 on every parameter.
-  fleetfeed: ``train_from_dataset(thread=N, hogwild=N > 1)`` with
+  fleetfeed: ``train_from_dataset(thread=N, hogwild=N > 1)`` (Hogwild
+  processes on the InMemoryDataset: trainer/hogwild_processes.py) with
   ``torch.set_num_threads(1)`` (as bench_hogwild.py: torch's intra-op pool on
   2 busy cores costs 17x CPU per batch); the sparse tables in process through
   ``fleet.distributed_optimizer``. Paddle 3.3.1 (.venv-paddle33):
