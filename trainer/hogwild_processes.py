@@ -37,7 +37,6 @@ import builtins
 import contextlib
 import ctypes
 import json
-import logging
 import os
 import signal
 import sys
@@ -59,8 +58,6 @@ from .ps.table import IdIndex
 from .train_loop import PassStopped
 
 __all__ = ["prepare", "run_processes"]
-
-logger = logging.getLogger("trainer.executor")
 
 # What sharing the tables' indexes may take, as a fraction of the memory
 # available: an index holds 32-64 bytes per row it has room for.
@@ -214,9 +211,10 @@ def _share_dense(model: Any, step: HogwildStep) -> None:
 
 
 class _Server(threading.Thread):
-    """Answers the forked processes' requests for rows and collects their
-    results. A failure stops the pass (``stop``: this process's trainer
-    stops at its next batch) and is raised by ``results``."""
+    """Collects the forked processes' results while this process trains. A
+    failure (an error sent, or a process gone without a result) stops the pass
+    (``stop``: this process's trainer stops at its next batch) and is raised
+    by ``results``."""
 
     def __init__(self, processes: dict, stop: threading.Event) -> None:
         super().__init__(name="hogwild-process-server", daemon=True)
@@ -331,7 +329,6 @@ def _child(number, conn, run, batches, tables, parent) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the calling process stops us
         _die_with_parent(parent)
         torch.set_num_threads(1)  # one core per process, as Paddle's threads
-
         run.print_period = sys.maxsize  # process 0 prints
         run.started = time.perf_counter()
         run.work(batches, main_thread=False)
@@ -362,7 +359,7 @@ def _die_with_parent(parent: int) -> None:
     PR_SET_PDEATHSIG), so that a killed trainer leaves no orphans."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return  # best effort: the pipe's EOF stops the process too
+        return  # best effort: the process still ends with the pass
     if os.getppid() != parent:  # it died before prctl took effect
         os._exit(1)
 
