@@ -342,6 +342,29 @@ def test_a_pass_after_a_shrink_shares_the_rebuilt_index(ctr_files):
     assert (table.statistics(distinct)["show"] > 0).all()  # every row made again, once
 
 
+def test_new_ids_of_a_reloaded_dataset_get_room(ctr_files, tmp_path):
+    """The dataset's distinct ids are counted again when its values change
+    (not after a shuffle): a reload with new ids makes room for them."""
+    train_files, _, ids = ctr_files
+    model = CtrModel()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    train = dataset(train_files[:1])
+    first = np.unique(np.concatenate(ids[:3000]))
+    for seed in range(2):
+        train.local_shuffle(seed=seed)
+        Executor().train_from_dataset(model, train, optimizer, thread=2, hogwild=True,
+                                      fetch_list=[])
+    assert len(table_of(model)) == len(first)
+    wider = tmp_path / "wider.txt"
+    more = write_ctr_file(wider, 3000, seed=3, vocab=400)  # ids 200-399 are new
+    train.set_filelist([str(wider)])
+    train.load_into_memory()
+    summary = Executor().train_from_dataset(model, train, optimizer, thread=2, hogwild=True,
+                                            fetch_list=[])
+    assert summary.hogwild == "processes"
+    assert len(table_of(model)) == len(np.union1d(first, np.concatenate(more)))
+
+
 def test_a_table_with_an_entry_is_not_shared():
     spec = OptimizerSpec.from_config({"type": "sgd", "lr": 0.1})
     table = SparseTable("e", 2, spec, entry=CountFilterEntry(3))

@@ -36,7 +36,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
+import functools
 import json
+import operator
 import os
 import signal
 import sys
@@ -44,6 +46,7 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from multiprocessing import connection, get_context
 from typing import Any
 
@@ -67,6 +70,11 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # Threads a fork may copy: tqdm's progress-bar monitor (a bar left open keeps
 # it alive) holds only tqdm's lock, which the forked trainers never take.
 _FORK_SAFE_THREADS = ("TMonitor",)
+# Each dataset's distinct ids, with the fingerprint of the values they were
+# counted from (their count, wrapping sum and xor: what a shuffle keeps).
+_counted_ids: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int, int], np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def prepare(run: Any, dataset: Any, step: HogwildStep) -> tuple[str | None, dict[str, int]]:
@@ -191,11 +199,23 @@ def _tables(model: Any) -> dict[str, Any]:
 
 def _distinct_ids(dataset: Any) -> np.ndarray:
     """The distinct values of the dataset's 64-bit integer slots (uint64): the
-    ids a pass can add rows for, in a table that takes its ids from them."""
+    ids a pass can add rows for, in a table that takes its ids from them.
+    Counted again only when the values changed (a shuffle keeps them)."""
+    parts = list(dataset.integer_values())
+    fingerprint = (
+        sum(p.shape[0] for p in parts),
+        sum(int(p.sum(dtype=np.uint64)) for p in parts) % 2**64,
+        functools.reduce(operator.xor, (int(np.bitwise_xor.reduce(p)) for p in parts), 0),
+    )
+    counted = _counted_ids.get(dataset)
+    if counted is not None and counted[0] == fingerprint:
+        return counted[1]
     seen = IdIndex()
-    for values in dataset.integer_values():
+    for values in parts:
         seen.lookup_or_insert(np.array(values))  # a writable copy
-    return seen.ids_in_row_order()
+    ids = seen.ids_in_row_order()
+    _counted_ids[dataset] = (fingerprint, ids)
+    return ids
 
 
 def _share_dense(model: Any, step: HogwildStep) -> None:
