@@ -12,41 +12,20 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from hogwild_support import CtrModel, clear_local_tables, local_optimizer
 from torch import nn
 
 from datafeed import Ragged
 from trainer import Executor
 from trainer.hogwild import SUPPORTED_OPTIMIZERS, HogwildStep
-from trainer.nn import SparseEmbedding
-from trainer.ps import ParameterServerRuntime, sparse
+from trainer.ps import sparse
 from trainer.ps.dense_update import DenseUpdate
-from trainer.role import ClusterRole
-
-_names = itertools.count()
 
 
 @pytest.fixture(autouse=True)
 def clean_local_tables():
     yield
-    sparse.local_store().clear()
-    sparse.clear_pending()
-
-
-class CtrModel(nn.Module):
-    """A sparse slot embedded at dim 4 (summed per record) and a dense feature,
-    through a small MLP."""
-
-    def __init__(self, seed: int = 0, name: str | None = None) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.emb = SparseEmbedding(4, name or f"hog{next(_names)}", seed=seed)
-        self.mlp = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 1))
-
-    def forward(self, batch):
-        features = torch.cat([self.emb(batch["ids"]), batch["dense"]], dim=1)
-        logit = self.mlp(features).squeeze(1)
-        loss = nn.functional.binary_cross_entropy_with_logits(logit, batch["label"])
-        return {"loss": loss, "prob": torch.sigmoid(logit)}
+    clear_local_tables()
 
 
 def ctr_batches(records: int, seed: int, vocab: int = 200, size: int = 50) -> list[dict]:
@@ -82,11 +61,6 @@ def held_out_auc(model: nn.Module, batches: list[dict]) -> float:
     ranks[order] = np.arange(1, len(scores) + 1)
     positives, negatives = labels.sum(), (~labels).sum()
     return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
-
-
-def local_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer):
-    """fleet.distributed_optimizer's wrapper in local mode (sparse tables in process)."""
-    return ParameterServerRuntime(ClusterRole.local(), None).distributed_optimizer(optimizer)
 
 
 # -- the update rule ---------------------------------------------------------------------
@@ -146,7 +120,7 @@ def test_other_optimizers_and_modes_are_refused_with_the_supported_ones():
 def test_thread_1_is_torchs_loop_exactly():
     batches = ctr_batches(1000, seed=1)
     results = []
-    name = f"hog{next(_names)}"  # new rows' values depend on the table's name
+    name = "thread1_vs_torch"  # new rows' values depend on the table's name: one for both
     for use_executor in (True, False):
         sparse.local_store().clear()
         model = CtrModel(name=name)

@@ -14,19 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hogwild_support import CtrModel, clear_local_tables, local_optimizer
 from support import child_pids
 from torch import nn
 
 from datafeed import InMemoryDataset, Slot
 from trainer import Executor, TrainerProcessError
-from trainer.nn import CountFilterEntry, SparseEmbedding
-from trainer.ps import ParameterServerRuntime, sparse
+from trainer.nn import CountFilterEntry
+from trainer.ps import sparse
 from trainer.ps.optim import OptimizerSpec
 from trainer.ps.shared_rows import SharedRowsFull, share_rows
 from trainer.ps.table import SparseTable
-from trainer.role import ClusterRole
 
-_names = itertools.count()
 ID_BASE = 10**12
 SLOTS = [Slot("ids", "int64"), Slot("dense", "float32", (1,)), Slot("label", "float32", (1,))]
 
@@ -34,26 +33,7 @@ SLOTS = [Slot("ids", "int64"), Slot("dense", "float32", (1,)), Slot("label", "fl
 @pytest.fixture(autouse=True)
 def clean_local_tables():
     yield
-    sparse.local_store().clear()
-    sparse.clear_pending()
-
-
-class CtrModel(nn.Module):
-    """A sparse slot embedded at dim 4 (summed per record) and a dense feature,
-    through a small MLP."""
-
-    def __init__(self, seed: int = 0, entry=None) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.emb = SparseEmbedding(4, f"proc{next(_names)}", seed=seed, entry=entry)
-        self.mlp = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 1))
-
-    def forward(self, batch):
-        features = torch.cat([self.emb(batch["ids"]), batch["dense"]], dim=1)
-        logit = self.mlp(features).squeeze(1)
-        label = batch["label"].squeeze(1)
-        loss = nn.functional.binary_cross_entropy_with_logits(logit, label)
-        return {"loss": loss, "prob": torch.sigmoid(logit), "label": label}
+    clear_local_tables()
 
 
 def write_ctr_file(path: Path, records: int, seed: int, vocab: int = 200) -> list[np.ndarray]:
@@ -80,11 +60,6 @@ def dataset(files: list[Path], batch_size: int = 100) -> InMemoryDataset:
     data.set_filelist([str(f) for f in files])
     data.load_into_memory()
     return data
-
-
-def local_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer):
-    """fleet.distributed_optimizer's wrapper in local mode (sparse tables in process)."""
-    return ParameterServerRuntime(ClusterRole.local(), None).distributed_optimizer(optimizer)
 
 
 def held_out_auc(model: nn.Module, data: InMemoryDataset) -> float:
