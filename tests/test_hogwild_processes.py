@@ -233,6 +233,37 @@ def test_processes_print_paddles_lines_from_process_0(ctr_files, capfd):
     assert summary.mean_loss is not None and 0.1 < summary.mean_loss < 1.0
 
 
+def test_a_dense_model_with_adam_trains_in_processes(ctr_files):
+    """No sparse table, and optimizer state that torch makes at the first step
+    (Adam's moments): made before the fork, so the processes share it."""
+
+    class Dense(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = nn.Linear(1, 1)
+
+        def forward(self, batch):
+            logit = self.linear(batch["dense"]).squeeze(1)
+            label = batch["label"].squeeze(1)
+            return {"loss": nn.functional.binary_cross_entropy_with_logits(logit, label)}
+
+    model = Dense()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    train = dataset(ctr_files[0])
+    losses = []
+    for _ in range(3):
+        summary = Executor().train_from_dataset(model, train, optimizer, thread=2,
+                                                hogwild=True, fetch_list=[])
+        assert summary.hogwild == "processes" and summary.batches == 60
+        losses.append(summary.mean_loss)
+    assert losses[2] < losses[0] - 0.01, losses
+    steps = [float(state["step"]) for state in optimizer.state.values()]
+    # Both processes counted their steps in the shared state (racing increments
+    # may lose a few).
+    assert all(170 <= step <= 180 for step in steps), steps
+
+
 # -- where threads run instead -----------------------------------------------------------
 
 
