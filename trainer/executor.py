@@ -128,7 +128,11 @@ class Executor:
             RuntimeError: no dataset, or no thread count anywhere.
             ValueError: mismatched ``fetch_list``/``fetch_info``, a bad
                 ``print_period``, or no optimizer.
-            Exception: whatever a worker thread raised, with its traceback.
+            Exception: whatever a worker thread raised, with its traceback; a
+                Hogwild process's error as the same builtin type with a
+                ``TrainerProcessError`` holding its traceback as the cause.
+            TrainerProcessError: a Hogwild process ended without a result
+                (killed), or failed with an error of another type.
         """
         if optimizer is None:
             optimizer = fleet.current().optimizer
