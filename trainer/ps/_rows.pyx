@@ -49,8 +49,8 @@ cdef extern from *:
 
 # A slot's row number is written after its key with release order, and read
 # with acquire order: Hogwild processes (trainer/hogwild_processes.py) look ids
-# up in an index that the parent process adds to at the same time, and must
-# not see a row number before the key it belongs to. (Plain moves on x86.)
+# up without a lock in an index that another process may be adding to, and
+# must not see a row number before the key it belongs to. (Plain moves on x86.)
 cdef extern from *:
     """
     #define FF_STORE_RELEASE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)

@@ -114,7 +114,7 @@ class SparseTable:
         self._stats = RowStats()  # aligned with the rows
         self.evicted = 0  # rows evicted by the budget, in all
         self.renumbered = 0  # times rows were renumbered: row numbers taken before are stale
-        # In a Hogwild process: asks the parent for new rows (ps/shared_rows.py).
+        # Shared with Hogwild processes: adds rows one process at a time (shared_rows.py).
         self._add_rows: Callable[[str, np.ndarray], None] | None = None
         self._budget_logged = (0.0, 0)
 
@@ -162,7 +162,7 @@ class SparseTable:
     def _insert(self, ids: np.ndarray) -> np.ndarray:
         """Row numbers of distinct ``ids``, adding missing rows at their initial
         value with fresh statistics (no admission, no budget). Caller holds the lock."""
-        if self._add_rows is not None:  # a Hogwild process: its parent adds rows
+        if self._add_rows is not None:  # shared with Hogwild processes
             rows = self._index.lookup(ids)
             if (rows < 0).any():
                 self._add_rows(self.name, ids[rows < 0])
