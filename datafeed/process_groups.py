@@ -48,16 +48,32 @@ STDERR_JOIN_SECONDS = 1.0
 # ended at exit and on SIGTERM (see commands_end_on_sigterm).
 _live_groups: set[int] = set()
 _live_groups_lock = threading.RLock()  # a SIGTERM handler may take it again
+# Set once every group is being ended (at exit, on SIGTERM): a command that a
+# reader thread starts from then on is killed at once, and the groups' end
+# waits for commands being started (``_spawning``), so that none outlives the
+# process: a reader whose command was killed moves on to its next file.
+_closing = False
+_spawning = 0
 
 
 def spawn(args: list[str], stdin: Any, stderr: Any) -> subprocess.Popen:
     """Starts ``args`` in its own process group, its stdout a pipe."""
-    process = subprocess.Popen(
-        args, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True
-    )
+    global _spawning
     with _live_groups_lock:
-        _live_groups.add(process.pid)
-    return process
+        _spawning += 1
+    try:
+        process = subprocess.Popen(
+            args, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True
+        )
+        with _live_groups_lock:
+            _live_groups.add(process.pid)
+            closing = _closing
+        if closing:
+            _signal_group(process.pid, signal.SIGKILL)
+        return process
+    finally:
+        with _live_groups_lock:
+            _spawning -= 1
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
@@ -140,15 +156,23 @@ def end_group(process: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> N
 
 def end_every_group(grace: float = STOP_GRACE_SECONDS) -> None:
     """Ends the group of every command this process started and has not ended
-    (SIGTERM, SIGKILL after ``grace``): run at exit and on SIGTERM."""
+    (SIGTERM, SIGKILL after ``grace``), and of any started meanwhile: run at
+    exit and on SIGTERM."""
+    global _closing
     with _live_groups_lock:
+        _closing = True
         groups = list(_live_groups)
         _live_groups.clear()
     _stop_groups(groups, grace)
+    deadline = time.monotonic() + grace
+    while _spawning and time.monotonic() < deadline:  # they kill their own (spawn)
+        time.sleep(0.01)
 
 
 def _forget_groups_in_child() -> None:
+    global _closing, _spawning
     _live_groups.clear()  # a forked child's groups are its parent's to end
+    _closing, _spawning = False, 0
 
 
 atexit.register(end_every_group)
