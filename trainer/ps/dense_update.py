@@ -225,7 +225,10 @@ class DenseUpdate:
         self, params: TensorList, grads: TensorList, group: dict[str, Any],
         states: list[dict[str, Any]],
     ) -> None:
-        if any(len(s) == 0 for s in states):
+        # Made under the lock: a thread that finds a state not yet whole waits
+        # for the thread making it.
+        whole = 4 if group.get("amsgrad") else 3
+        if any(len(s) < whole for s in states):
             with self._init_lock:
                 for param, state in zip(params, states, strict=True):
                     if len(state) == 0:
@@ -261,12 +264,18 @@ class DenseUpdate:
 
 
 def _init_adam(param: torch.Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
-    """The state torch's Adam makes at a parameter's first step."""
-    state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
-    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    """The state torch's Adam makes at a parameter's first step, added to
+    ``state`` in one ``update`` (Hogwild threads read it without the lock once
+    it is whole: with one key at a time, a thread read "step" and then failed
+    on a missing "exp_avg")."""
+    made = {
+        "step": torch.tensor(0.0, dtype=_scalar_dtype()),
+        "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+        "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+    }
     if group.get("amsgrad"):
-        state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        made["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    state.update(made)
 
 
 def _float(value: Any) -> float:
