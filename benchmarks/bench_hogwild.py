@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,18 +41,14 @@ RESULTS = REPO / "benchmarks" / "results" / "hogwild.md"
 RUN_TIMEOUT = 900
 
 
-
-def cpu_seconds() -> float:
-    """CPU time of this process and of its reaped children (Hogwild trainer
-    processes, trainer/hogwild_processes.py), all threads."""
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
-
 def child(config: dict) -> dict:
     """One run in this process: load, train ``epochs`` timed passes, evaluate."""
     import numpy as np
     import torch
-    from bench_small_ctr import small_ctr_model  # the same model as the side-by-side run
+    from bench_small_ctr import (  # the side-by-side run's model, its CPU time counted alike
+        cpu_seconds,
+        small_ctr_model,
+    )
 
     from datafeed import InMemoryDataset, Slot
     from trainer import Executor, auc, fleet

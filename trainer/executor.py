@@ -44,7 +44,7 @@ from datafeed.memory import release_free_memory
 from . import fleet, hogwild_processes
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
 from .run_summary import RunSummary, input_stats, log_summary
-from .train_loop import DatasetPass, debug_line, hogwild_step
+from .train_loop import DatasetPass, debug_line, hogwild_step, log_once
 
 __all__ = ["Executor", "FetchHandler", "RunSummary"]
 
@@ -228,9 +228,10 @@ class Executor:
             run.hogwild = hogwild_step(optimizer)
             if run.hogwild is not None:
                 reason, room = hogwild_processes.prepare(run, dataset, run.hogwild)
-                processes = threads if reason is None else 0
-                if reason is not None:
-                    _log_once(f"{reason}: Hogwild threads instead of processes")
+                if reason is None:
+                    processes = threads
+                else:
+                    log_once(logging.INFO, f"{reason}: Hogwild threads instead of processes")
         monitor = FetchMonitor(fetch_handler, run.current_value) if periodic else None
         run.default_fetch = fetch_list is None
         module = model if isinstance(model, torch.nn.Module) else None
@@ -290,15 +291,6 @@ class Executor:
                 )
             count = 1
         return count
-
-
-_logged_reasons: set[str] = set()
-
-
-def _log_once(message: str) -> None:
-    if message not in _logged_reasons:
-        _logged_reasons.add(message)
-        logger.info(message)
 
 
 def _fetch_names(fetch_list: Sequence[Any] | None) -> list[str]:

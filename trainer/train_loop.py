@@ -27,7 +27,7 @@ from .ps.dense_update import clear_grads, step_from_grads
 from .ps.step_clock import thread_totals
 from .run_summary import RunSummary
 
-__all__ = ["DatasetPass", "debug_line", "hogwild_step", "join_context"]
+__all__ = ["DatasetPass", "debug_line", "hogwild_step", "join_context", "log_once"]
 
 # The executor's logger: the messages are about its calls.
 logger = logging.getLogger("trainer.executor")
@@ -262,7 +262,15 @@ class DatasetPass:
 # -- helpers ---------------------------------------------------------------------------
 
 
-_fallback_reasons: set[str] = set()
+_logged_once: set[str] = set()
+
+
+def log_once(level: int, message: str) -> None:
+    """Logs ``message`` at ``level`` the first time it comes (a fallback's
+    reason, which would otherwise repeat at every pass)."""
+    if message not in _logged_once:
+        _logged_once.add(message)
+        logger.log(level, message)
 
 
 def hogwild_step(optimizer: Any) -> HogwildStep | None:
@@ -271,10 +279,7 @@ def hogwild_step(optimizer: Any) -> HogwildStep | None:
     try:
         return HogwildStep(optimizer)
     except ValueError as error:
-        reason = str(error)
-    if reason not in _fallback_reasons:
-        _fallback_reasons.add(reason)
-        logger.warning("%s: training threads step one at a time", reason)
+        log_once(logging.WARNING, f"{error}: training threads step one at a time")
     return None
 
 
