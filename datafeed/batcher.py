@@ -9,7 +9,7 @@ straddles a chunk boundary is copied together from several pieces.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .batch import Batch, BatchBuilder
 from .columns import RecordChunk
@@ -72,8 +72,10 @@ class Batcher:
                 f"input_type=1 (one batch per line) needs batch_size=1, got "
                 f"batch_size={batch_size}: each line is a whole batch"
             )
+        self.schema = schema
         self.batch_size = batch_size
         self.drop_last = drop_last
+        self.input_type = input_type
         self._builder = BatchBuilder(schema, one_batch_per_line=input_type == 1)
 
     def group(self, ranges: Iterable[Piece]) -> Iterator[list[Piece]]:
@@ -118,20 +120,39 @@ class BatchPlan:
     pass, as iterating to the end would; a pass that fails is not finished.
     """
 
-    def __init__(self, batcher: Batcher, groups: list[list[Piece]], position: Counter) -> None:
-        self._batcher = batcher
+    def __init__(
+        self, batcher: Batcher, groups: list[list[Piece]], position: Counter | None
+    ) -> None:
+        self.batcher = batcher
         self._groups = groups
-        self._position = position
+        self._position = position  # None: a copy of the plan in another process
+
+    def pieces(self, chunks: list[RecordChunk]) -> list[list[tuple[int, int, int]]]:
+        """Each batch's pieces as ``(index in chunks, start, stop)``: the plan
+        for a process that holds the same ``chunks`` (``of_pieces``)."""
+        index = {id(chunk): i for i, chunk in enumerate(chunks)}
+        return [[(index[id(p.chunk)], p.start, p.stop) for p in group] for group in self._groups]
+
+    @classmethod
+    def of_pieces(
+        cls, batcher: Batcher, chunks: list[RecordChunk], pieces: list[list[Any]]
+    ) -> BatchPlan:
+        """The plan that ``pieces()`` described, over this process's ``chunks``
+        (it counts no position: ``finish`` is the planning process's)."""
+        groups = [[Piece(chunks[c], start, stop) for c, start, stop in group] for group in pieces]
+        return cls(batcher, groups, None)
 
     def __len__(self) -> int:
         return len(self._groups)
 
     def build(self, number: int) -> Batch:
         """Batch ``number`` (0-based) of the pass."""
-        return self._batcher.build(self._groups[number])
+        return self.batcher.build(self._groups[number])
 
     def finish(self) -> None:
         """Every batch was handed out: the pass ends."""
+        if self._position is None:
+            raise RuntimeError("a plan copied from another process ends there, not here")
         for pieces in self._groups:
             self._position.count(pieces)
         end_pass = getattr(self._position, "end_pass", None)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import cache, collectives, fs, global_shuffle, merge, shuffle, state
+from . import cache, collectives, fs, global_shuffle, merge, shared_records, shuffle, state
 from .batch import Batch
 from .batcher import Batcher, BatchPlan, Piece, chunk_ranges
 from .columns import RecordChunk
@@ -59,6 +59,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._source_stats: list[FileStats] = []
         # A global_shuffle() with no other worker: Paddle's shuffle count is then 0.
         self._shuffled_alone = False
+        self._shared: shared_records.SharedRecords | None = None  # share_records()
 
     # -- loading -----------------------------------------------------------------------
 
@@ -419,11 +420,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         See ``load_state_dict``.
         """
         return state.inmemory_state(
-            self._position,
-            self._shuffles,
+            self._position, self._shuffles,
             records=self._store.rows if self._store is not None else 0,
-            batch_size=self.batch_size,
-            drop_last=bool(self._settings["drop_last"]),
+            batch_size=self.batch_size, drop_last=bool(self._settings["drop_last"]),
             seed=self._settings["seed"],
         )
 
@@ -444,18 +443,14 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         state.check_inmemory_state(state_dict)
         store = self._require_store("load_state_dict")
         state.check_inmemory_fit(
-            state_dict,
-            records=store.rows,
-            shuffles_done=len(self._shuffles.entries),
-            batch_size=self.batch_size,
-            drop_last=bool(self._settings["drop_last"]),
+            state_dict, records=store.rows, shuffles_done=len(self._shuffles.entries),
+            batch_size=self.batch_size, drop_last=bool(self._settings["drop_last"]),
             schema=store.schema,
         )
         if state_dict["seed"] != self._settings["seed"]:
             logger.warning(
                 "load_state_dict(): the state's seed setting %r replaces this dataset's %r",
-                state_dict["seed"],
-                self._settings["seed"],
+                state_dict["seed"], self._settings["seed"],
             )
             self._settings.apply({"seed": state_dict["seed"]}, where="load_state_dict")
         # Every entry was checked above: nothing is replayed from a refused state.
@@ -464,18 +459,14 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             if entry[0] in ("global", state.GLOBAL_BY_INS_ID):
                 self._store = None  # the global shuffle consumes the store as it sends it
             self._store = state.replay_shuffle(
-                store,
-                entry,
-                threads=self._reader_threads,
+                store, entry, threads=self._reader_threads,
                 send_batch_size=self._settings["fleet_send_batch_size"],
             )
         self._shuffles = state.restored_history(state_dict)
         self._position = state.restored_position(state_dict)
         logger.info(
             "load_state_dict: replayed %d shuffles; epoch %d, %d batches consumed",
-            len(state_dict["shuffles"]),
-            self._position.epoch,
-            self._position.batches,
+            len(state_dict["shuffles"]), self._position.epoch, self._position.batches,
         )
 
     # -- inspection --------------------------------------------------------------------
@@ -560,6 +551,14 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         if limit is not None:  # counts from the pass's start, resumed batches included
             limit = max(limit - self._position.batches, 0)
         return BatchPlan(batcher, list(islice(batcher.group(ranges), limit)), self._position)
+
+    def share_records(self) -> shared_records.SharedRecords:
+        """Moves the records into a memory file other processes can map (unless
+        there already): trainer processes that outlive a pass read them there."""
+        store = self._require_store("sharing the records")
+        if self._shared is None or not self._shared.holds(store):
+            self._store, self._shared = shared_records.share_store(store)
+        return self._shared
 
     def _begin_pass(self, what: str) -> tuple[Batcher, Iterator[Piece], int | None]:
         store = self._require_store(what)

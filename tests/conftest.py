@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,10 @@ def small_files(tmp_path: Path) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def no_leftover_children():
-    """Every test must leave no child process behind."""
+    """Every test must leave no child process behind, but Hogwild trainer
+    processes waiting for a next pass (by design: ended here, as at exit)."""
     yield
+    hogwild_processes = sys.modules.get("trainer.hogwild_processes")
+    if hogwild_processes is not None:
+        hogwild_processes.close_workers()
     assert child_pids() == [], "a test left child processes running"

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from support import child_pids
 from torch import nn
 
 from datafeed import InMemoryDataset, Slot
-from trainer import Executor, TrainerProcessError
+from trainer import Executor, TrainerProcessError, hogwild_processes
 from trainer.nn import CountFilterEntry
 from trainer.ps import sparse
 from trainer.ps.optim import OptimizerSpec
@@ -100,14 +101,18 @@ def test_processes_train_to_the_auc_of_one_thread_and_share_everything(ctr_files
         optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
         train, held = dataset(train_files), dataset([held_files])
         before = [p.detach().clone() for p in model.parameters()]
-        records = 0
+        records, workers = 0, []
         for epoch in range(2):
             train.local_shuffle(seed=epoch)
             summary = Executor().train_from_dataset(
                 model, train, optimizer, thread=threads, hogwild=True, fetch_list=[]
             )
             records += summary.records
+            workers.append(child_pids())
         assert summary.hogwild == ("processes" if threads > 1 else None)
+        # One process forked at the first pass waits for the next and trains it.
+        assert workers == ([[], []] if threads == 1 else [workers[0]] * 2)
+        assert threads == 1 or len(workers[0]) == 1
         assert records == 2 * len(ids)
         # The processes' updates reached this process's parameters and tables.
         assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
@@ -122,6 +127,7 @@ def test_processes_train_to_the_auc_of_one_thread_and_share_everything(ctr_files
     shows_1, shows_2 = results[1][1], results[2][1]
     assert shows_2.sum() <= shows_1.sum()
     assert shows_2.sum() > 0.98 * shows_1.sum()
+    hogwild_processes.close_workers()
     assert child_pids() == []
 
 
@@ -262,6 +268,125 @@ def test_a_dense_model_with_adam_trains_in_processes(ctr_files):
     # Both processes counted their steps in the shared state (racing increments
     # may lose a few).
     assert all(170 <= step <= 180 for step in steps), steps
+
+
+# -- processes that wait between passes --------------------------------------------------
+
+
+def test_each_pass_gives_the_waiting_processes_its_records_and_learning_rate(
+    ctr_files, monkeypatch
+):
+    """The processes forked at the first pass train the next ones: on the
+    records in their order after a shuffle (each batch pulls the distinct ids
+    of its records as they are now) and with the learning rate set since."""
+    from trainer.ps.shared_rows import shared_array
+
+    train_files, _, _ = ctr_files
+    pulled = shared_array((1,), np.int64)
+    lock = multiprocessing.get_context("fork").Lock()
+    pull = SparseTable.pull
+
+    def counted_pull(self, ids, create=True):
+        with lock:
+            pulled[0] += len(ids) if create else 0
+        return pull(self, ids, create)
+
+    monkeypatch.setattr(SparseTable, "pull", counted_pull)
+    model = CtrModel()
+    dense = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    optimizer = local_optimizer(model, dense)
+    train = dataset(train_files)
+    Executor().train_from_dataset(model, train, optimizer, thread=3, hogwild=True, fetch_list=[])
+    workers = child_pids()
+    assert len(workers) == 2
+    for seed in (5, 6):
+        train.local_shuffle(seed=seed)
+        in_order = train.to_arrow().column("ids").to_pylist()
+        expected = sum(
+            len(set(itertools.chain.from_iterable(in_order[start:start + 100])))
+            for start in range(0, len(in_order), 100)
+        )
+        pulled[0] = 0
+        Executor().train_from_dataset(
+            model, train, optimizer, thread=3, hogwild=True, fetch_list=[]
+        )
+        assert pulled[0] == expected
+    for group in dense.param_groups:
+        group["lr"] = 0.0
+    before = [p.detach().clone() for p in model.parameters()]
+    summary = Executor().train_from_dataset(
+        model, train, optimizer, thread=3, hogwild=True, fetch_list=[]
+    )
+    assert summary.hogwild == "processes" and summary.batches == 60
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert child_pids() == workers  # the same processes, all along
+
+
+def test_processes_are_forked_anew_when_what_they_hold_changes(ctr_files):
+    class Scaled(CtrModel):
+        scale = 1.0
+
+        def forward(self, batch):
+            out = super().forward(batch)
+            logit = self.mlp(torch.cat([self.emb(batch["ids"]), batch["dense"]], 1)).squeeze(1)
+            loss = nn.functional.binary_cross_entropy_with_logits(self.scale * logit,
+                                                                  out["label"])
+            return {**out, "loss": loss}
+
+    model = Scaled()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    train = dataset(ctr_files[0], batch_size=20)
+    Executor().train_from_dataset(model, train, optimizer, thread=2, hogwild=True, fetch_list=[])
+    first = child_pids()
+    model.scale = 0.0  # every process's loss is now log(2), if it sees the change
+    summary = Executor().train_from_dataset(
+        model, train, optimizer, thread=2, hogwild=True, fetch_list=["loss"]
+    )
+    assert summary.mean_loss == pytest.approx(np.log(2), abs=1e-6)
+    second = child_pids()
+    assert len(second) == 1 and second != first
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    Executor().train_from_dataset(model, train, optimizer, thread=2, hogwild=True, fetch_list=[])
+    third = child_pids()
+    assert len(third) == 1 and third != second
+
+
+def test_a_process_that_died_between_passes_is_replaced(ctr_files, caplog):
+    model = CtrModel()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    train = dataset(ctr_files[0])
+    Executor().train_from_dataset(model, train, optimizer, thread=2, hogwild=True, fetch_list=[])
+    (worker,) = child_pids()
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while worker in child_pids() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with caplog.at_level("INFO", logger="trainer"):
+        summary = Executor().train_from_dataset(
+            model, train, optimizer, thread=2, hogwild=True, fetch_list=[]
+        )
+    assert summary.hogwild == "processes" and summary.batches == 60
+    assert f"pid {worker}) ended (killed by SIGKILL)" in caplog.text
+    assert len(child_pids()) == 1 and child_pids() != [worker]
+
+
+def test_shared_records_are_the_records_and_follow_their_changes(ctr_files):
+    from datafeed.shared_records import attach_store
+
+    train = dataset(ctr_files[0][:1], batch_size=7)
+    records = train.to_arrow()
+    shared = train.share_records()
+    assert train.to_arrow().equals(records)
+    assert train.share_records() is shared  # nothing changed: nothing copied
+    copy = attach_store(train.schema, os.dup(shared.fd), shared.layout)
+    assert copy.to_arrow().equals(records)
+    train.local_shuffle(seed=3)
+    assert train.share_records() is not shared
+    train.set_filelist([str(ctr_files[0][1])])
+    shuffled = train.share_records()
+    train.load_into_memory()  # appended to the shared store
+    assert train.share_records() is not shuffled
+    assert train.to_arrow().num_rows == 6000
 
 
 # -- where threads run instead -----------------------------------------------------------

@@ -223,11 +223,11 @@ class Executor:
             self.place if self.place is not None else _model_device(model),
         )
         run.keep_latest = periodic
-        processes, room = 0, {}
+        processes, prepared = 0, None
         if train and threads > 1 and hogwild:
             run.hogwild = hogwild_step(optimizer)
             if run.hogwild is not None:
-                reason, room = hogwild_processes.prepare(run, dataset, run.hogwild)
+                reason, prepared = hogwild_processes.prepare(run, dataset, run.hogwild, threads)
                 if reason is None:
                     processes = threads
                 else:
@@ -243,7 +243,7 @@ class Executor:
         try:
             with monitor or contextlib.nullcontext():  # stopped and joined on failure too
                 if processes:
-                    hogwild_processes.run_processes(run, dataset, processes, room)
+                    hogwild_processes.run_processes(run, dataset, processes, prepared)
                 elif threads == 1:
                     run.work(iterator, main_thread=True)
                 else:

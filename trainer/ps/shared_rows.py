@@ -26,7 +26,7 @@ from .table import SparseTable, as_u64
 
 __all__ = [
     "SharedRowAdder", "SharedRowsFull", "add_pull_ticks", "pull_ticks", "rows_missing",
-    "share_rows", "shared_array",
+    "set_pull_ticks", "share_rows", "share_table", "shared_array", "sharing",
 ]
 
 
@@ -67,6 +67,16 @@ class SharedRowAdder:
         """From now on, this process adds the table's rows through here."""
         self.table._add_rows = self
 
+    def resume(self) -> None:
+        """Before a pass of processes forked in an earlier one: the row count
+        is this process's again (it may have added rows between passes)."""
+        self._rows[0] = len(self.table)
+
+    def catch_up(self) -> None:
+        """In a forked process, before a pass: its index counts the rows
+        that the others added since."""
+        self.table._index.set_size(int(self._rows[0]))
+
     def detach(self) -> None:
         """The processes are done: the table adds rows itself again, its row
         count the one they reached."""
@@ -103,9 +113,15 @@ class SharedRowAdder:
 
 
 def share_rows(table: SparseTable, extra_rows: int) -> SharedRowAdder:
+    """``share_table``, and the adder of the table's rows for the processes
+    about to share it."""
+    share_table(table, extra_rows)
+    return SharedRowAdder(table)
+
+
+def share_table(table: SparseTable, extra_rows: int) -> None:
     """Moves ``table``'s arrays and index into shared memory (unless an earlier
-    pass did, with room enough), with room for ``extra_rows`` more rows; the
-    adder of its rows for the processes about to share it.
+    pass did, with room enough), with room for ``extra_rows`` more rows.
 
     Raises:
         ValueError: a table with an entry or a row budget.
@@ -129,7 +145,15 @@ def share_rows(table: SparseTable, extra_rows: int) -> SharedRowAdder:
                 arrays.append(moved)
             table._set_arrays(arrays)
             table._index._grow(rows, shared_array)
-        return SharedRowAdder(table)
+
+
+def sharing(table: SparseTable) -> tuple:
+    """What a forked process's view of ``table`` rests on: the identities of
+    its shared arrays and index, and its optimizer. Equal while the view holds."""
+    return (
+        id(table), tuple(id(a) for a in table._arrays()), id(table._index.cells),
+        id(table.optimizer), repr(table.optimizer.hyper),
+    )
 
 
 def rows_missing(table: SparseTable, ids: np.ndarray | torch.Tensor) -> int:
@@ -142,6 +166,12 @@ def rows_missing(table: SparseTable, ids: np.ndarray | torch.Tensor) -> int:
 def pull_ticks(table: SparseTable) -> int:
     """The table's count of training pulls (its statistics' clock)."""
     return table._stats.clock.tick
+
+
+def set_pull_ticks(table: SparseTable, tick: int) -> None:
+    """Sets the clock (a forked process, to the calling process's at a pass's start)."""
+    with table._lock:
+        table._stats.clock.tick = tick
 
 
 def add_pull_ticks(table: SparseTable, pulls: int) -> None:
