@@ -84,10 +84,28 @@ PHASES = ("data_wait", "forward", "pull", "backward", "step", "optimizer", "push
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and of its reaped children (Hogwild trainer
-    processes, trainer/hogwild_processes.py), all threads."""
+    """CPU time of this process and of its children, reaped or alive (Hogwild
+    trainer processes, trainer/hogwild_processes.py, wait between passes),
+    all threads."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
+    return (time.process_time() + children.ru_utime + children.ru_stime
+            + sum(live_child_seconds().values()))
+
+
+def live_child_seconds() -> dict[int, float]:
+    """CPU seconds (user + system) of each child of this process not reaped yet, from /proc."""
+    me, tick, found = os.getpid(), os.sysconf("SC_CLK_TCK"), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[1]) == me:  # a zombie too: its time reaches RUSAGE_CHILDREN when reaped
+            found[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    return found
 
 def small_ctr_model(table_optimizer: dict | None):
     """The model; ``table_optimizer``: the tables' own optimizer (None: the

@@ -151,9 +151,10 @@ class WorkerPool:
             self._server.close()
             self._server = None
             self.end_pass()
-        deadline = time.monotonic() + _STOP_GRACE_SECONDS
-        for pid, conn in self.processes.values():
+        for _, conn in self.processes.values():
             conn.close()
+        deadline = time.monotonic() + _STOP_GRACE_SECONDS
+        for pid, _ in self.processes.values():
             while not kill and time.monotonic() < deadline:
                 try:
                     if os.waitpid(pid, os.WNOHANG)[0]:
@@ -270,6 +271,8 @@ def _serve(number, conn, template, tables, pool, schema, parent) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the calling process stops us
         _die_with_parent(parent)
         torch.set_num_threads(1)  # one core per process, as Paddle's threads
+        for _, other in pool.processes.values():
+            other.close()  # the pipes of processes forked before: each sees its own end
         for adder in pool.adders.values():
             adder.attach()  # this process adds rows through them, always
         while True:
