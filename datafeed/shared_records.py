@@ -47,7 +47,7 @@ class SharedRecords:
         loaded since are appended to it)."""
         return (
             self._store() is store and len(store.chunks) == len(self._chunks)
-            and all(ref() is chunk for ref, chunk in zip(self._chunks, store.chunks))
+            and all(ref() is c for ref, c in zip(self._chunks, store.chunks, strict=True))
         )
 
     @property

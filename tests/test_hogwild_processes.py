@@ -138,23 +138,22 @@ def test_every_pulled_row_is_pushed_once_in_some_process(ctr_files, monkeypatch)
     train_files, _, ids = ctr_files
     counts = shared_array((4,), np.int64)  # pulled, pushed, bad gradients, batches
     lock = multiprocessing.get_context("fork").Lock()
-    pull, push = SparseTable.pull, SparseTable.push
+    # A training pull counts its rows (_seen), a push applies the optimizer (_apply).
+    seen, apply = SparseTable._seen, SparseTable._apply
 
-    def counted_pull(self, ids, create=True):
-        rows = pull(self, ids, create)
-        if create:
-            with lock:
-                counts[0] += len(ids)
-        return rows
-
-    def counted_push(self, ids, grads):
+    def counted_seen(self, ids, out=None):
         with lock:
-            counts[1] += len(ids)
-            counts[2] += int(not torch.isfinite(torch.as_tensor(grads)).all())
-        push(self, ids, grads)
+            counts[0] += len(ids)
+        return seen(self, ids, out)
 
-    monkeypatch.setattr(SparseTable, "pull", counted_pull)
-    monkeypatch.setattr(SparseTable, "push", counted_push)
+    def counted_apply(self, rows, grads):
+        with lock:
+            counts[1] += len(rows)
+            counts[2] += int(not np.isfinite(grads).all())
+        apply(self, rows, grads)
+
+    monkeypatch.setattr(SparseTable, "_seen", counted_seen)
+    monkeypatch.setattr(SparseTable, "_apply", counted_apply)
     model = CtrModel()
     optimizer = local_optimizer(model, torch.optim.Adam(model.parameters(), lr=0.01))
     train = dataset(train_files)
@@ -284,14 +283,14 @@ def test_each_pass_gives_the_waiting_processes_its_records_and_learning_rate(
     train_files, _, _ = ctr_files
     pulled = shared_array((1,), np.int64)
     lock = multiprocessing.get_context("fork").Lock()
-    pull = SparseTable.pull
+    seen = SparseTable._seen  # a training pull
 
-    def counted_pull(self, ids, create=True):
+    def counted_seen(self, ids, out=None):
         with lock:
-            pulled[0] += len(ids) if create else 0
-        return pull(self, ids, create)
+            pulled[0] += len(ids)
+        return seen(self, ids, out)
 
-    monkeypatch.setattr(SparseTable, "pull", counted_pull)
+    monkeypatch.setattr(SparseTable, "_seen", counted_seen)
     model = CtrModel()
     dense = torch.optim.Adagrad(model.parameters(), lr=0.1)
     optimizer = local_optimizer(model, dense)

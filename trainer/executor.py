@@ -97,7 +97,8 @@ class Executor:
                 Paddle's threads do (SGD, Adagrad, Adam or AdamW; local mode).
                 On an ``InMemoryDataset`` they are processes (this one and
                 ``thread - 1`` forked ones sharing parameters, optimizer state
-                and sparse tables: trainer/hogwild_processes.py), elsewhere
+                and sparse tables, which wait for the next pass:
+                trainer/hogwild_processes.py), elsewhere
                 threads, which Python's GIL lets run no faster than one on a
                 small model (docs/training_speed.md); ``RunSummary.hogwild``
                 says which ran. Opt-in: on examples/mlp_local (a dense

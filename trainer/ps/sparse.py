@@ -30,6 +30,7 @@ import torch
 from ._rows import unique_inverse
 from .entries import CtrAccessorParam, EntryAttr
 from .optim import OptimizerSpec
+from .step_rows import pull_numbered, push_numbered
 from .table import SparseTable, as_u64
 
 if TYPE_CHECKING:
@@ -221,13 +222,29 @@ class LocalStore:
             self.pass_id = int(pass_id)
 
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
-        """Rows of distinct ``ids``, created when ``training``."""
-        return self.table(config).pull(ids, create=training)
+        """Rows of distinct ``ids``, created when ``training``. A training
+        pull keeps the row numbers it found for the push of the same ids."""
+        table = self.table(config)
+        if not training:
+            return table.pull(ids, create=False)
+        rows, pulled = pull_numbered(table, ids)
+        numbered = getattr(_pulled_here, "tables", None)
+        if numbered is None:
+            numbered = _pulled_here.tables = {}
+        numbered[config.name] = pulled
+        return rows
 
     def push(self, gradients: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
-        """Applies each table's optimizer to its rows' gradients."""
+        """Applies each table's optimizer to its rows' gradients: at the row
+        numbers of this thread's last pull when those were its ids (the ids
+        are then looked up once per step), else looked up now."""
+        numbered = getattr(_pulled_here, "tables", None) or {}
         for name, (ids, grads) in gradients.items():
-            self.tables[name].push(ids, grads)
+            pulled = numbered.pop(name, None)
+            if pulled is not None and pulled.matches(ids):
+                push_numbered(self.tables[name], grads, pulled)
+            else:
+                self.tables[name].push(ids, grads)
 
     def clear(self) -> None:
         """Drops every table (tests; a fresh model)."""
@@ -235,6 +252,8 @@ class LocalStore:
             self.tables.clear()
 
 
+# Each thread's last training pull of each local table (its row numbers).
+_pulled_here = threading.local()
 _local_store = LocalStore()
 _store: RowStore = _local_store
 
