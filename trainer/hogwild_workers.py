@@ -123,12 +123,14 @@ class WorkerPool:
         for adder in self.adders.values():
             adder.resume()
             adder.attach()
+        # Started while the processes wait: with both cores busy, a new thread
+        # can wait milliseconds for one.
+        self._server = _Server(self.processes, stop)
+        self._server.start()
         body = json.dumps(message).encode()
         for pid, conn in self.processes.values():
             conn.send_bytes(body)
             reduction.send_handle(conn, records_fd, pid)
-        self._server = _Server(self.processes, stop)
-        self._server.start()
 
     def results(self) -> list[dict]:
         """Each process's result of the pass, in process order (raises a

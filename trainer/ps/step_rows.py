@@ -30,7 +30,11 @@ class PulledRows:
 
     def matches(self, ids: np.ndarray) -> bool:
         """Whether ``ids`` are the pulled ids, in the same order."""
-        return ids.shape == self.ids.shape and np.array_equal(ids, self.ids)
+        if ids.shape != self.ids.shape:
+            return False
+        # A local push gets a view of the pull's own ids: compared by address.
+        same = ids.__array_interface__["data"][0] == self.ids.__array_interface__["data"][0]
+        return same or np.array_equal(ids, self.ids)
 
 
 def pull_numbered(table: SparseTable, ids: np.ndarray | torch.Tensor) -> tuple[
