@@ -269,6 +269,41 @@ def test_a_dense_model_with_adam_trains_in_processes(ctr_files):
     assert all(170 <= step <= 180 for step in steps), steps
 
 
+def test_trainers_run_torchs_ops_on_one_thread_each(ctr_files):
+    """One core per trainer: torch's intra-op threads are 1 in every trainer
+    during the pass (processes and threads), and what they were afterwards."""
+    from trainer.ps.shared_rows import shared_array
+
+    most = shared_array((2,), np.int64)  # the most intra-op threads seen: here, elsewhere
+    calling = os.getpid()
+
+    class Counting(CtrModel):
+        def forward(self, batch):
+            here = int(os.getpid() != calling)
+            most[here] = max(int(most[here]), torch.get_num_threads())
+            return super().forward(batch)
+
+    model = Counting()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    train = dataset(ctr_files[0])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        summary = Executor().train_from_dataset(
+            model, train, optimizer, thread=2, hogwild=True, fetch_list=[]
+        )
+        assert summary.hogwild == "processes" and list(most) == [1, 1]
+        assert torch.get_num_threads() == 2
+        most[:] = 0
+        summary = Executor().train_from_dataset(
+            model, (batch for batch in train), optimizer, thread=2, hogwild=True, fetch_list=[]
+        )
+        assert summary.hogwild == "threads" and list(most) == [1, 0]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 # -- processes that wait between passes --------------------------------------------------
 
 

@@ -55,7 +55,7 @@ from .hogwild_workers import TakenBatches, WorkerPool
 from .ps import sparse
 from .ps.shared_rows import add_pull_ticks, pull_ticks, rows_missing, share_table, sharing
 from .ps.table import IdIndex
-from .train_loop import PassStopped
+from .train_loop import PassStopped, one_intra_op_thread
 
 __all__ = ["Prepared", "close_workers", "prepare", "run_processes"]
 
@@ -179,9 +179,9 @@ def run_processes(run: Any, dataset: Any, count: int, prepared: Prepared) -> Non
     }
     try:
         pool.start_pass(message, records.fd, run.stop)
-        with contextlib.suppress(PassStopped):  # a forked process failed: raised next
+        with contextlib.suppress(PassStopped), one_intra_op_thread():
             run.work(TakenBatches(plan, pool.counter, pool.lock), main_thread=False)
-        results = pool.results()  # raises a process's failure
+        results = pool.results()  # raises a process's failure (PassStopped above)
     except BaseException:
         close_workers(kill=True)
         raise
