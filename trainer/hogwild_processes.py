@@ -181,7 +181,7 @@ def run_processes(run: Any, dataset: Any, count: int, prepared: Prepared) -> Non
         pool.start_pass(message, records.fd, run.stop)
         with contextlib.suppress(PassStopped), one_intra_op_thread():
             run.work(TakenBatches(plan, pool.counter, pool.lock), main_thread=False)
-        results = pool.results()  # raises a process's failure (PassStopped above)
+        results = pool.results()  # a process's failure (it stopped this loop) raised here
     except BaseException:
         close_workers(kill=True)
         raise

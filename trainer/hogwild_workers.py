@@ -85,6 +85,7 @@ class WorkerPool:
         self.lock = get_context("fork").Lock()
         self.processes: dict[int, tuple[int, connection.Connection]] = {}
         self._server: _Server | None = None
+        self._attached = False  # this process adds rows through the adders
         sys.stdout.flush()
         sys.stderr.flush()  # or the children would print what this process had buffered
         calling = os.getpid()
@@ -123,6 +124,7 @@ class WorkerPool:
         for adder in self.adders.values():
             adder.resume()
             adder.attach()
+        self._attached = True
         # Started while the processes wait: with both cores busy, a new thread
         # can wait milliseconds for one.
         self._server = _Server(self.processes, stop)
@@ -142,9 +144,13 @@ class WorkerPool:
             self.end_pass()
 
     def end_pass(self) -> None:
-        """This process adds the tables' rows itself again."""
-        for adder in self.adders.values():
-            adder.detach()
+        """This process adds the tables' rows itself again, at the row count
+        the pass reached (only after a pass: between passes a table may have
+        been shared anew, with rows of its own)."""
+        if self._attached:
+            self._attached = False
+            for adder in self.adders.values():
+                adder.detach()
 
     def close(self, kill: bool) -> None:
         """Every process ended and reaped: told to end (its pipe closed) and
@@ -152,7 +158,7 @@ class WorkerPool:
         if self._server is not None:
             self._server.close()
             self._server = None
-            self.end_pass()
+        self.end_pass()  # a pass that failed before its thread started, too
         for _, conn in self.processes.values():
             conn.close()
         deadline = time.monotonic() + _STOP_GRACE_SECONDS
