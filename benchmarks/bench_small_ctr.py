@@ -84,28 +84,19 @@ PHASES = ("data_wait", "forward", "pull", "backward", "step", "optimizer", "push
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and of its children, reaped or alive (Hogwild
-    trainer processes, trainer/hogwild_processes.py, wait between passes),
+    """CPU time of this process and of its children: those reaped, and the
+    Hogwild trainer processes waiting between passes (trainer/hogwild_processes.py),
     all threads."""
+    from trainer import hogwild_processes
+
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (time.process_time() + children.ru_utime + children.ru_stime
-            + sum(live_child_seconds().values()))
+    seconds = time.process_time() + children.ru_utime + children.ru_stime
+    for pid in hogwild_processes.worker_pids():
+        with open(f"/proc/{pid}/stat") as stat:  # utime and stime, in clock ticks
+            fields = stat.read().rsplit(")", 1)[1].split()
+        seconds += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
 
-
-def live_child_seconds() -> dict[int, float]:
-    """CPU seconds (user + system) of each child of this process not reaped yet, from /proc."""
-    me, tick, found = os.getpid(), os.sysconf("SC_CLK_TCK"), {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        if int(fields[1]) == me:  # a zombie too: its time reaches RUSAGE_CHILDREN when reaped
-            found[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    return found
 
 def small_ctr_model(table_optimizer: dict | None):
     """The model; ``table_optimizer``: the tables' own optimizer (None: the

@@ -332,7 +332,7 @@ def test_each_pass_gives_the_waiting_processes_its_records_and_learning_rate(
     train = dataset(train_files)
     Executor().train_from_dataset(model, train, optimizer, thread=3, hogwild=True, fetch_list=[])
     workers = child_pids()
-    assert len(workers) == 2
+    assert len(workers) == 2 and sorted(hogwild_processes.worker_pids()) == sorted(workers)
     for seed in (5, 6):
         train.local_shuffle(seed=seed)
         in_order = train.to_arrow().column("ids").to_pylist()

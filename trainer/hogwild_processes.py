@@ -57,7 +57,7 @@ from .ps.shared_rows import add_pull_ticks, pull_ticks, rows_missing, share_tabl
 from .ps.table import IdIndex
 from .train_loop import PassStopped, one_intra_op_thread
 
-__all__ = ["Prepared", "close_workers", "prepare", "run_processes"]
+__all__ = ["Prepared", "close_workers", "prepare", "run_processes", "worker_pids"]
 
 # What sharing the tables' indexes may take, as a fraction of the memory
 # available: an index holds 32-64 bytes per row it has room for.
@@ -207,6 +207,12 @@ def close_workers(kill: bool = False) -> None:
 
 
 atexit.register(close_workers)
+
+
+def worker_pids() -> list[int]:
+    """The process ids of the Hogwild trainer processes waiting for the next pass."""
+    pool = _pool
+    return [pid for pid, _ in pool.processes.values()] if pool is not None else []
 
 
 # -- the parent ------------------------------------------------------------------------
