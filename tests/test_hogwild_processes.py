@@ -221,6 +221,36 @@ def test_a_killed_process_is_reported_and_the_others_are_stopped(ctr_files):
     assert child_pids() == []
 
 
+def test_a_process_killed_while_adding_rows_does_not_hang_the_pass(ctr_files):
+    """It dies holding the lock of the rows: this process, meeting new ids
+    later, gives up waiting for it once the pass is stopped, and raises."""
+    calling = os.getpid()
+
+    class DyingHoldingTheLock(CtrModel):
+        def forward(self, batch):
+            if os.getpid() != calling:
+                sparse.local_store().tables[self.emb.name]._add_rows._lock.acquire()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().forward(batch)
+
+    def hung(signum, frame):
+        raise TimeoutError("the pass hung on the lock of a dead process")
+
+    model = DyingHoldingTheLock()
+    optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    train = dataset(ctr_files[0], batch_size=4)  # 1,500 batches: ids stay new for a while
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        with pytest.raises(TrainerProcessError, match=r"without a result \(killed by SIGKILL\)"):
+            Executor().train_from_dataset(model, train, optimizer, thread=2, hogwild=True,
+                                          fetch_list=[])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert child_pids() == []
+
+
 def test_processes_print_paddles_lines_from_process_0(ctr_files, capfd):
     model = CtrModel()
     optimizer = local_optimizer(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
@@ -483,6 +513,33 @@ def test_rows_added_by_the_shared_adder_equal_rows_made_by_a_pull():
     assert torch.equal(plain.pull(ids), shared.pull(ids))  # made in the same order
     shared.pull(np.array([1], dtype=np.uint64))  # grows as any table once detached
     assert len(shared) == 41
+
+
+def test_a_process_waiting_for_rows_a_dead_process_was_adding_can_give_up():
+    """A process killed while adding rows never releases their lock: the
+    others wait, asking ``waiting`` (the calling process: was the pass stopped?)."""
+    spec = OptimizerSpec.from_config({"type": "sgd", "lr": 0.1})
+    table = SparseTable("w", 2, spec)
+    adder = share_rows(table, extra_rows=10)
+    adder.attach()
+    adder._lock.acquire()  # taken by a process that died
+    asked = []
+
+    def waiting():
+        asked.append(True)
+        if len(asked) == 3:
+            raise RuntimeError("the pass was stopped")
+
+    adder.waiting = waiting
+    try:
+        with pytest.raises(RuntimeError, match="the pass was stopped"):
+            table.pull(np.array([5], dtype=np.uint64))
+        assert len(asked) == 3 and len(table) == 0
+    finally:
+        adder._lock.release()
+        adder.detach()
+    table.pull(np.array([5], dtype=np.uint64))
+    assert len(table) == 1
 
 
 def test_a_pass_after_a_shrink_shares_the_rebuilt_index(ctr_files):

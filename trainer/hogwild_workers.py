@@ -24,6 +24,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ from datafeed.shared_records import attach_store
 
 from .job.errors import TrainerProcessError
 from .ps.shared_rows import SharedRowAdder, pull_ticks, set_pull_ticks, shared_array
-from .train_loop import DatasetPass
+from .train_loop import DatasetPass, PassStopped
 
 __all__ = ["TakenBatches", "WorkerPool"]
 
@@ -124,6 +125,9 @@ class WorkerPool:
         for adder in self.adders.values():
             adder.resume()
             adder.attach()
+            # A process killed while adding rows leaves their lock taken: this
+            # one gives up waiting once the pass is stopped (by its failure).
+            adder.waiting = functools.partial(_stop_if_set, stop)
         self._attached = True
         # Started while the processes wait: with both cores busy, a new thread
         # can wait milliseconds for one.
@@ -151,6 +155,7 @@ class WorkerPool:
             self._attached = False
             for adder in self.adders.values():
                 adder.detach()
+                adder.waiting = None
 
     def close(self, kill: bool) -> None:
         """Every process ended and reaped: told to end (its pipe closed) and
@@ -229,6 +234,11 @@ class _Server(threading.Thread):
     def close(self) -> None:
         self._closing.set()
         self.join()
+
+
+def _stop_if_set(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise PassStopped
 
 
 def _failure(number: int, error: dict) -> BaseException:

@@ -17,6 +17,7 @@ process's bookkeeping.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from multiprocessing import get_context
 
 import numpy as np
@@ -28,6 +29,9 @@ __all__ = [
     "SharedRowAdder", "SharedRowsFull", "add_pull_ticks", "pull_ticks", "rows_missing",
     "set_pull_ticks", "share_rows", "share_table", "shared_array", "sharing",
 ]
+
+
+_WAIT_SECONDS = 0.05
 
 
 class SharedRowsFull(RuntimeError):
@@ -62,6 +66,9 @@ class SharedRowAdder:
         self._lock = get_context("fork").Lock()  # a semaphore the forks share
         self._rows = shared_array((1,), np.int64)  # the row count, for every process
         self._rows[0] = len(table)
+        # Called every _WAIT_SECONDS while this process waits for the lock; may
+        # raise to give up (a process killed while holding it never releases it).
+        self.waiting: Callable[[], None] | None = None
 
     def attach(self) -> None:
         """From now on, this process adds the table's rows through here."""
@@ -91,7 +98,10 @@ class SharedRowAdder:
             SharedRowsFull: no room left for them.
         """
         table = self.table
-        with self._lock:
+        while not self._lock.acquire(timeout=_WAIT_SECONDS):
+            if self.waiting is not None:
+                self.waiting()
+        try:
             table._index.set_size(int(self._rows[0]))
             new_ids = ids[table._index.lookup(ids) < 0]
             count = new_ids.shape[0]
@@ -110,6 +120,8 @@ class SharedRowAdder:
             if not np.array_equal(made, rows):
                 raise ValueError(f"table '{name}': rows must be added for distinct ids")
             self._rows[0] = start + count
+        finally:
+            self._lock.release()
 
 
 def share_rows(table: SparseTable, extra_rows: int) -> SharedRowAdder:
