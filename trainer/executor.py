@@ -44,7 +44,7 @@ from datafeed.memory import release_free_memory
 from . import fleet, hogwild_processes
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
 from .run_summary import RunSummary, input_stats, log_summary
-from .train_loop import DatasetPass, debug_line, hogwild_step, log_once, one_intra_op_thread
+from .train_loop import DatasetPass, debug_line, hogwild_step, log_once
 
 __all__ = ["Executor", "FetchHandler", "RunSummary"]
 
@@ -247,9 +247,6 @@ class Executor:
                     hogwild_processes.run_processes(run, dataset, processes, prepared)
                 elif threads == 1:
                     run.work(iterator, main_thread=True)
-                elif run.hogwild is not None:
-                    with one_intra_op_thread():
-                        run.work_in_threads(iterator, threads)
                 else:
                     run.work_in_threads(iterator, threads)
         finally:

@@ -278,11 +278,13 @@ def log_once(level: int, message: str) -> None:
 
 @contextlib.contextmanager
 def one_intra_op_thread() -> Iterator[None]:
-    """torch's ops on one thread each while Hogwild trainers run, one per core
-    as Paddle's: their intra-op threads would spin on the cores the other
-    trainers work on (2 trainer processes on 2 cores with torch's default
-    threads: 385k records/s, 703k so; benchmarks/bench_hogwild.py
-    --torch-threads 0)."""
+    """torch's ops on one thread in this process while Hogwild trainer
+    processes run, one per core as Paddle's threads: its intra-op threads
+    would spin on the cores the other trainers work on (2 trainer processes on
+    2 cores with torch's default threads: 385k records/s, 703k so;
+    benchmarks/bench_hogwild.py --torch-threads 0). Not around Hogwild
+    threads: torch's thread count is the whole process's, its other threads'
+    too."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
