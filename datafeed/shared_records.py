@@ -111,8 +111,7 @@ def attach_store(schema: SlotSchema, fd: int, layout: dict[str, Any]) -> RecordS
 
 
 def _views(fd: int, layout: dict[str, Any]) -> list[np.ndarray]:
-    # Populated at once: faulting the pages in one by one costs several times more.
-    memory = mmap.mmap(fd, max(layout["size"], 1), flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    memory = mmap.mmap(fd, max(layout["size"], 1))  # MAP_SHARED
     return [
         np.frombuffer(memory, dtype=np.dtype(dtype), count=count, offset=offset)
         for offset, dtype, count in layout["arrays"]

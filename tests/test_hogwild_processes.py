@@ -24,7 +24,7 @@ from trainer import Executor, TrainerProcessError, hogwild_processes
 from trainer.nn import CountFilterEntry
 from trainer.ps import sparse
 from trainer.ps.optim import OptimizerSpec
-from trainer.ps.shared_rows import SharedRowsFull, share_rows
+from trainer.ps.shared_rows import SharedRowAdder, SharedRowsFull, share_table
 from trainer.ps.table import SparseTable
 
 ID_BASE = 10**12
@@ -504,7 +504,8 @@ def test_rows_added_by_the_shared_adder_equal_rows_made_by_a_pull():
     plain, shared = SparseTable("t", 3, spec, seed=5), SparseTable("t", 3, spec, seed=5)
     plain.pull(ids[:10])
     shared.pull(ids[:10])
-    adder = share_rows(shared, extra_rows=30)
+    share_table(shared, extra_rows=30)
+    adder = SharedRowAdder(shared)
     adder.attach()
     shared.pull(ids[5:])  # its new rows through the adder
     with pytest.raises(SharedRowsFull, match=r"table 't': 41 rows needed, room was made for 40"):
@@ -521,7 +522,8 @@ def test_a_process_waiting_for_rows_a_dead_process_was_adding_can_give_up():
     others wait, asking ``waiting`` (the calling process: was the pass stopped?)."""
     spec = OptimizerSpec.from_config({"type": "sgd", "lr": 0.1})
     table = SparseTable("w", 2, spec)
-    adder = share_rows(table, extra_rows=10)
+    share_table(table, extra_rows=10)
+    adder = SharedRowAdder(table)
     adder.attach()
     adder._lock.acquire()  # taken by a process that died
     asked = []
@@ -592,4 +594,4 @@ def test_a_table_with_an_entry_is_not_shared():
     spec = OptimizerSpec.from_config({"type": "sgd", "lr": 0.1})
     table = SparseTable("e", 2, spec, entry=CountFilterEntry(3))
     with pytest.raises(ValueError, match="table 'e' has an entry or a row budget"):
-        share_rows(table, 10)
+        share_table(table, 10)

@@ -44,6 +44,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ from .hogwild_workers import TakenBatches, WorkerPool
 from .ps import sparse
 from .ps.shared_rows import add_pull_ticks, pull_ticks, rows_missing, share_table, sharing
 from .ps.table import IdIndex
-from .train_loop import PassStopped, one_intra_op_thread
+from .train_loop import PassStopped
 
 __all__ = ["Prepared", "close_workers", "prepare", "run_processes", "worker_pids"]
 
@@ -179,7 +180,7 @@ def run_processes(run: Any, dataset: Any, count: int, prepared: Prepared) -> Non
     }
     try:
         pool.start_pass(message, records.fd, run.stop)
-        with contextlib.suppress(PassStopped), one_intra_op_thread():
+        with contextlib.suppress(PassStopped), _one_torch_thread_for_the_pass():
             run.work(TakenBatches(plan, pool.counter, pool.lock), main_thread=False)
         results = pool.results()  # a process's failure (it stopped this loop) raised here
     except BaseException:
@@ -213,6 +214,23 @@ def worker_pids() -> list[int]:
     """The process ids of the Hogwild trainer processes waiting for the next pass."""
     pool = _pool
     return [pid for pid, _ in pool.processes.values()] if pool is not None else []
+
+
+@contextlib.contextmanager
+def _one_torch_thread_for_the_pass() -> Iterator[None]:
+    """torch's ops on one thread in this process while the other trainer
+    processes run, one per core as Paddle's threads: its intra-op threads
+    would spin on the cores the other trainers work on (2 trainer processes on
+    2 cores with torch's default threads: 385k records/s, 703k so;
+    benchmarks/bench_hogwild.py --torch-threads 0). For the pass only, unlike
+    a PS job's processes (``ps.runtime.one_intra_op_thread``, for good); not
+    around Hogwild threads: torch's thread count is the whole process's."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 # -- the parent ------------------------------------------------------------------------

@@ -12,12 +12,11 @@ and the parts ``pull``, ``optimizer``, ``push`` (trainer/ps/step_clock.py).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,9 +27,7 @@ from .ps.dense_update import clear_grads, step_from_grads
 from .ps.step_clock import thread_totals
 from .run_summary import RunSummary
 
-__all__ = [
-    "DatasetPass", "debug_line", "hogwild_step", "join_context", "log_once", "one_intra_op_thread",
-]
+__all__ = ["DatasetPass", "debug_line", "hogwild_step", "join_context", "log_once"]
 
 # The executor's logger: the messages are about its calls.
 logger = logging.getLogger("trainer.executor")
@@ -274,23 +271,6 @@ def log_once(level: int, message: str) -> None:
     if message not in _logged_once:
         _logged_once.add(message)
         logger.log(level, message)
-
-
-@contextlib.contextmanager
-def one_intra_op_thread() -> Iterator[None]:
-    """torch's ops on one thread in this process while Hogwild trainer
-    processes run, one per core as Paddle's threads: its intra-op threads
-    would spin on the cores the other trainers work on (2 trainer processes on
-    2 cores with torch's default threads: 385k records/s, 703k so;
-    benchmarks/bench_hogwild.py --torch-threads 0). Not around Hogwild
-    threads: torch's thread count is the whole process's, its other threads'
-    too."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def hogwild_step(optimizer: Any) -> HogwildStep | None:

@@ -1,12 +1,12 @@
 """Sparse tables shared with Hogwild processes (trainer/hogwild_processes.py).
 
 Forked trainer processes read and update one table's rows in place, as Hogwild
-threads do. Before the fork, ``share_rows`` moves a table's rows, optimizer
+threads do. Before the fork, ``share_table`` moves a table's rows, optimizer
 state, statistics and index into shared memory (``shared_array``), with room
-for the rows the pass may add so that adding them moves nothing, and returns
-the table's ``SharedRowAdder``: the table's ``_insert`` then adds rows through
-it, in whichever process meets a new id, one process at a time (a lock shared
-by the processes, and the row count in shared memory). Each new row is written
+for the rows the pass may add so that adding them moves nothing; while the
+processes train, the table's ``_insert`` adds rows through its
+``SharedRowAdder``, in whichever process meets a new id, one process at a
+time (a lock shared by the processes, and the row count in shared memory). Each new row is written
 before the index shows its id, and the index publishes a row number after its
 key (release order, ``_rows.pyx``), so a process looking ids up meanwhile,
 without the lock, finds a complete row or none. Tables with an entry or a
@@ -27,7 +27,7 @@ from .table import SparseTable, as_u64
 
 __all__ = [
     "SharedRowAdder", "SharedRowsFull", "add_pull_ticks", "pull_ticks", "rows_missing",
-    "set_pull_ticks", "share_rows", "share_table", "shared_array", "sharing",
+    "set_pull_ticks", "share_table", "shared_array", "sharing",
 ]
 
 
@@ -122,13 +122,6 @@ class SharedRowAdder:
             self._rows[0] = start + count
         finally:
             self._lock.release()
-
-
-def share_rows(table: SparseTable, extra_rows: int) -> SharedRowAdder:
-    """``share_table``, and the adder of the table's rows for the processes
-    about to share it."""
-    share_table(table, extra_rows)
-    return SharedRowAdder(table)
 
 
 def share_table(table: SparseTable, extra_rows: int) -> None:
