@@ -52,6 +52,12 @@ EXTENSIONS = [
         extra_compile_args=COMPILE_ARGS,
     ),
     Extension(
+        "trainer.ps._row_updates",
+        ["trainer/ps/_row_updates.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+    Extension(
         "generators._shortest_float",
         ["generators/_shortest_float.pyx"],
         define_macros=MACROS,

@@ -22,7 +22,7 @@ from torch import nn
 from datafeed import InMemoryDataset, Slot
 from trainer import Executor, TrainerProcessError, hogwild_processes
 from trainer.nn import CountFilterEntry
-from trainer.ps import sparse
+from trainer.ps import sparse, step_rows
 from trainer.ps.optim import OptimizerSpec
 from trainer.ps.shared_rows import SharedRowAdder, SharedRowsFull, share_table
 from trainer.ps.table import SparseTable
@@ -138,13 +138,14 @@ def test_every_pulled_row_is_pushed_once_in_some_process(ctr_files, monkeypatch)
     train_files, _, ids = ctr_files
     counts = shared_array((4,), np.int64)  # pulled, pushed, bad gradients, batches
     lock = multiprocessing.get_context("fork").Lock()
-    # A training pull counts its rows (_seen), a push applies the optimizer (_apply).
-    seen, apply = SparseTable._seen, SparseTable._apply
+    # A training pull counts its distinct ids, a push applies the optimizer (_apply).
+    pull, apply = step_rows.pull_distinct_numbered, SparseTable._apply
 
-    def counted_seen(self, ids, out=None):
+    def counted_pull(table, values):
+        pulled = pull(table, values)
         with lock:
-            counts[0] += len(ids)
-        return seen(self, ids, out)
+            counts[0] += len(pulled[0])
+        return pulled
 
     def counted_apply(self, rows, grads):
         with lock:
@@ -152,7 +153,7 @@ def test_every_pulled_row_is_pushed_once_in_some_process(ctr_files, monkeypatch)
             counts[2] += int(not np.isfinite(grads).all())
         apply(self, rows, grads)
 
-    monkeypatch.setattr(SparseTable, "_seen", counted_seen)
+    monkeypatch.setattr(sparse, "pull_distinct_numbered", counted_pull)
     monkeypatch.setattr(SparseTable, "_apply", counted_apply)
     model = CtrModel()
     optimizer = local_optimizer(model, torch.optim.Adam(model.parameters(), lr=0.01))
@@ -349,14 +350,15 @@ def test_each_pass_gives_the_waiting_processes_its_records_and_learning_rate(
     train_files, _, _ = ctr_files
     pulled = shared_array((1,), np.int64)
     lock = multiprocessing.get_context("fork").Lock()
-    seen = SparseTable._seen  # a training pull
+    pull = step_rows.pull_distinct_numbered  # a training pull
 
-    def counted_seen(self, ids, out=None):
+    def counted_pull(table, values):
+        found = pull(table, values)
         with lock:
-            pulled[0] += len(ids)
-        return seen(self, ids, out)
+            pulled[0] += len(found[0])
+        return found
 
-    monkeypatch.setattr(SparseTable, "_seen", counted_seen)
+    monkeypatch.setattr(sparse, "pull_distinct_numbered", counted_pull)
     model = CtrModel()
     dense = torch.optim.Adagrad(model.parameters(), lr=0.1)
     optimizer = local_optimizer(model, dense)

@@ -171,26 +171,62 @@ def test_forward_pools_ragged_records():
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(0, 4), max_size=30), st.sampled_from(["sum", "mean"]))
 def test_pooling_matches_embedding_bag(lengths, mode):
-    """The gather/scatter pooling gives embedding_bag's values and gradients
-    (empty records, one id per record, repeated ids)."""
+    """The C pooling gives embedding_bag's values, and the rows' gradients
+    pushed equal embedding_bag's (empty records, one id per record, repeated
+    ids)."""
     offsets = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)
     ids = torch.randint(0, 7, (int(offsets[-1]),))
     emb = SparseEmbedding(3, fresh(), mode=mode)
     out = emb(Ragged(ids, offsets))
-    ((unique, rows),) = [(u, r) for _, u, r in sparse._pending.items]
     weights = torch.randn(out.shape)
     (out * weights).sum().backward()
-    order = unique.argsort()  # the distinct ids are in first-appearance order
-    inverse = order[torch.searchsorted(unique[order], ids)]  # each id's row
-    reference_rows = rows.detach().clone().requires_grad_(True)
+    pushed = sparse.take_gradients()
+    distinct = torch.unique(ids)
+    rows = sparse.local_store().table(emb.config).pull(distinct, create=False)
+    reference_rows = rows.clone().requires_grad_(True)
     expected = nn.functional.embedding_bag(
-        inverse, reference_rows, offsets, mode=mode, include_last_offset=True
+        torch.searchsorted(distinct, ids), reference_rows, offsets, mode=mode,
+        include_last_offset=True,
     )
     (expected * weights).sum().backward()
     torch.testing.assert_close(out, expected)
-    if rows.grad is not None or reference_rows.grad is not None:
-        torch.testing.assert_close(rows.grad, reference_rows.grad)
+    if ids.numel():
+        pushed_ids, grads = pushed[emb.name]
+        order = np.argsort(pushed_ids)
+        np.testing.assert_array_equal(pushed_ids[order], distinct.numpy().view(np.uint64))
+        torch.testing.assert_close(grads[order], reference_rows.grad)
     sparse.clear_pending()
+
+
+def test_the_rows_gradient_is_summed_over_repeats_in_value_order():
+    """Each distinct id's gradient is its values' records' gradients added in
+    value order (mean: each divided by its record's length first), bit for
+    bit what the gather and scatter-add in torch give."""
+    ids = torch.tensor([4, 9, 4, 4, 7, 9])
+    offsets = torch.tensor([0, 3, 3, 5, 6])
+    for mode in ("sum", "mean"):
+        emb = SparseEmbedding(2, fresh(), mode=mode)
+        out = emb(Ragged(ids, offsets))
+        grad_out = torch.tensor([[0.1, 0.7], [5.0, 5.0], [1e-8, 3.0], [0.3, -0.2]])
+        out.backward(grad_out)
+        pushed_ids, grads = sparse.take_gradients()[emb.name]
+        assert pushed_ids.tolist() == [4, 9, 7]  # first appearance
+        lengths = torch.tensor([3.0, 1.0, 2.0, 1.0]) if mode == "mean" else torch.ones(4)
+        per_record = grad_out / lengths.unsqueeze(1)
+        expected = torch.zeros(3, 2).index_add_(
+            0, torch.tensor([0, 1, 0, 0, 2, 1]), per_record[torch.tensor([0, 0, 0, 2, 2, 3])]
+        )
+        assert torch.equal(grads, expected)
+        sparse.clear_pending()
+
+
+def test_a_models_in_place_change_of_the_output_keeps_the_rows_gradient():
+    emb = SparseEmbedding(2, fresh())
+    out = emb(torch.tensor([3, 5]))
+    out.mul_(2.0)  # the output is not the leaf whose gradient is the rows'
+    out.sum().backward()
+    _, grads = sparse.take_gradients()[emb.name]
+    assert torch.equal(grads, torch.full((2, 2), 2.0))
 
 
 def test_offsets_known_uniform_are_checked_again_once_changed():
@@ -208,16 +244,28 @@ def test_offsets_known_uniform_are_checked_again_once_changed():
 
 
 def test_tables_sharing_an_input_reuse_its_distinct_ids_until_it_changes():
-    wide, deep = SparseEmbedding(1, fresh()), SparseEmbedding(2, fresh())
+    """(A PS worker pulls the tables whose distinct ids are one tensor in one
+    round trip: trainer/ps/client.py.)"""
+    ids = torch.tensor([5, 3, 5, 9])
+    first, _ = sparse.distinct(ids)
+    second, _ = sparse.distinct(ids)
+    assert first is second  # one hash pass, one tensor of distinct ids for both pulls
+    ids[0] = 7  # in place: the next pull must see the new ids
+    third, inverse = sparse.distinct(ids)
+    assert third.tolist() == [7, 3, 5, 9] and inverse.tolist() == [0, 1, 2, 3]
+
+
+def test_a_local_training_pull_makes_the_ids_distinct_itself():
+    emb = SparseEmbedding(2, fresh())
     ids = torch.tensor([5, 3, 5, 9])
     x = Ragged(ids, torch.tensor([0, 2, 4]))
-    wide(x)
-    deep(x)
-    (_, first, _), (_, second, _) = sparse._pending.items
-    assert first is second  # one sort, one tensor of distinct ids for both pulls
-    ids[0] = 7  # in place: the next forward must see the new ids
-    deep(x)
-    assert sorted(sparse._pending.items[-1][1].tolist()) == [3, 5, 7, 9]
+    first = emb(x)
+    ids[0] = 7
+    second = emb(x)
+    assert sparse._pending.items[-1][1].tolist() == [7, 3, 5, 9]
+    rows = sparse.local_store().table(emb.config).pull(torch.tensor([5, 3, 7, 9]), create=False)
+    torch.testing.assert_close(first, torch.stack([rows[0] + rows[1], rows[0] + rows[3]]))
+    torch.testing.assert_close(second, torch.stack([rows[2] + rows[1], rows[0] + rows[3]]))
     sparse.clear_pending()
 
 

@@ -99,5 +99,5 @@ class HogwildStep:
 
             for rows, grad in zip(sparse.pending_rows(), grads[count:], strict=True):
                 rows.grad = grad
-            sparse.local_store().push(sparse.take_gradients())
+            sparse.local_store().push_pending()
 

@@ -9,13 +9,10 @@ by ``fleet.distributed_optimizer`` pushes their gradients on ``step()``.
 
 from __future__ import annotations
 
-import threading
 import time
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -28,6 +25,7 @@ from .ps.entries import (
     ShowClickEntry,
 )
 from .ps.optim import OptimizerSpec
+from .ps.pooling import Pooling, pool
 from .ps.sparse import DEFAULT_INIT_SCALE, TableConfig
 
 __all__ = [
@@ -132,29 +130,34 @@ class SparseEmbedding(nn.Module):
 
     def _rows(
         self, ids: torch.Tensor, clicked: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows of the distinct ids and each id's position among them;
-        ``clicked`` (bool per id of ``ids``) adds to the rows' click counts."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """The distinct ids, their rows, each id's position among them, and
+        whether this is a training pull; ``clicked`` (bool per id of ``ids``)
+        adds to the rows' click counts."""
         if ids.dtype not in (torch.int64, torch.uint64):
             raise TypeError(
                 f"SparseEmbedding '{self.name}' expects int64 feature ids, got {ids.dtype}"
             )
         if ids.dtype == torch.uint64:
             ids = ids.view(torch.int64)
-        unique, inverse = sparse.distinct(ids)
         training = self.training and torch.is_grad_enabled()
+        store = sparse.current_store()
         started = time.perf_counter()
-        rows = sparse.current_store().pull(self.config, unique, training)
+        if training and store is sparse.local_store() and ids.is_cpu:
+            # This process's tables: the ids made distinct in the pull's own pass.
+            unique, rows, inverse = store.pull_values(self.config, ids.reshape(-1))
+        else:
+            unique, inverse = sparse.distinct(ids)
+            started = time.perf_counter()
+            rows = store.pull(self.config, unique, training)
         if training:
             step_clock.add_pull(time.perf_counter() - started)
-            rows.requires_grad_(True)
-            sparse.record(self.name, unique, rows)
             if clicked is not None:
                 # One click per id per batch at most, as show counts one per batch.
                 per_id = torch.zeros(unique.shape[0], dtype=torch.float32)
                 per_id[inverse.reshape(-1)[clicked.reshape(-1)]] = 1.0
                 sparse.add_clicks(self.config, unique, per_id)
-        return rows, inverse
+        return unique, rows, inverse, training
 
     def forward(self, x: Any, click: torch.Tensor | None = None) -> torch.Tensor:
         """The rows of the ids in ``x``: a ``Ragged`` gives each record's rows
@@ -165,8 +168,7 @@ class SparseEmbedding(nn.Module):
             if click is not None:
                 labels = _labels(click, x.shape[0] if x.dim() else 1, self.name)
                 clicked = labels.reshape(-1, *([1] * max(x.dim() - 1, 0))).expand(x.shape)
-            rows, inverse = self._rows(x, clicked)
-            return rows.index_select(0, inverse).view(*x.shape, self.dim)
+            return self._output(*self._rows(x, clicked), None, (*x.shape, self.dim))
         values, offsets = getattr(x, "values", None), getattr(x, "offsets", None)
         if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
             raise TypeError(
@@ -178,8 +180,27 @@ class SparseEmbedding(nn.Module):
             lengths = offsets.to(torch.int64).diff()
             labels = _labels(click, lengths.shape[0], self.name)
             clicked = torch.repeat_interleave(labels, lengths, output_size=values.shape[0])
-        rows, inverse = self._rows(values, clicked)
-        return _pool(rows, inverse, offsets.to(torch.int64), self.mode)
+        return self._output(*self._rows(values, clicked), offsets, None)
+
+    def _output(
+        self, unique: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, training: bool,
+        offsets: torch.Tensor | None, shape: tuple[int, ...] | None,
+    ) -> torch.Tensor:
+        """Each value's row (``offsets`` None; viewed as ``shape``) or each
+        record's rows pooled (trainer/ps/pooling.py). Training: the pooled
+        output is a leaf of its own, and the rows' gradient comes from its
+        gradient when the optimizer pushes (``sparse.take_gradients``), with
+        no autograd node of the pooling."""
+        pooling = Pooling(inverse, offsets, self.mode == "mean", rows.shape[0])
+        out = pool(rows, pooling)
+        if shape is not None:
+            out = out.view(shape)
+        if not training:
+            return out
+        out.requires_grad_(True)
+        sparse.record(self.name, unique, out, pooling)
+        # What the model gets is not the leaf itself: it may change it in place.
+        return out.clone()
 
 
 def _labels(click: Any, records: int, name: str) -> torch.Tensor:
@@ -191,61 +212,3 @@ def _labels(click: Any, records: int, name: str) -> torch.Tensor:
             f"got {labels.shape[0]}"
         )
     return labels.cpu() > 0
-
-
-def _pool(
-    rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, mode: str
-) -> torch.Tensor:
-    """Per record, the sum (or mean) of ``rows[inverse[offsets[i]:offsets[i+1]]]``.
-
-    What ``F.embedding_bag`` computes, as a gather and a scatter-add, whose
-    backward on CPU is several times cheaper than embedding_bag's (which sorts
-    the indices); a slot with one id per record (Criteo's) is the gather alone.
-    """
-    size = offsets.shape[0] - 1
-    n = inverse.shape[0]
-    # The checks and the record of each value in numpy: as torch ops (.item()
-    # syncs, an arange, a repeat_interleave) they cost a tenth of a GEO step
-    # (measured, wide&deep batch 512).
-    bounds = offsets.numpy() if offsets.is_cpu else offsets.cpu().numpy()
-    if size < 0 or bounds[0] != 0 or bounds[-1] != n:
-        raise ValueError(
-            f"a Ragged's offsets must run from 0 to the number of values ({n}), "
-            f"got {bounds[:1].tolist()} ... {bounds[-1:].tolist()}"
-        )
-    if n == size and _one_per_record(offsets, bounds):
-        return rows.index_select(0, inverse)
-    lengths = np.diff(bounds)
-    if (lengths < 0).any():
-        raise ValueError(
-            f"a Ragged's offsets must not decrease, got {bounds[1:][lengths < 0][:1].tolist()} "
-            f"after {bounds[:-1][lengths < 0][:1].tolist()}"
-        )
-    bag = torch.from_numpy(np.repeat(np.arange(size), lengths))
-    out = rows.new_zeros(size, rows.shape[1]).index_add_(0, bag, rows.index_select(0, inverse))
-    if mode == "mean":
-        out = out / torch.from_numpy(lengths).clamp(min=1).unsqueeze(1).to(out.dtype)
-    return out
-
-
-# Offsets tensors found to be 0, 1, ..., size, by id, with the version they
-# had then: a batcher hands out the same offsets tensor for every batch of a
-# slot with one value per record, so the check runs once per tensor, not per
-# batch. (Tensors compare elementwise, so no WeakKeyDictionary.)
-_uniform_offsets: dict[int, tuple[weakref.ref, int]] = {}
-_uniform_lock = threading.Lock()
-_UNIFORM_KEPT = 256
-
-
-def _one_per_record(offsets: torch.Tensor, bounds: np.ndarray) -> bool:
-    version = offsets._version
-    known = _uniform_offsets.get(id(offsets))
-    if known is not None and known[0]() is offsets and known[1] == version:
-        return True
-    if not (np.diff(bounds) == 1).all():
-        return False
-    with _uniform_lock:
-        if len(_uniform_offsets) >= _UNIFORM_KEPT:
-            _uniform_offsets.clear()
-        _uniform_offsets[id(offsets)] = (weakref.ref(offsets), version)
-    return True

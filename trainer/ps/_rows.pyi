@@ -21,24 +21,6 @@ class IdIndex:
     def _grow(self, needed: int, allocate: Callable[..., np.ndarray] | None = ...) -> None: ...
 
 def unique_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
-def adagrad_rows(
-    weights: np.ndarray,
-    state_sum: np.ndarray,
-    rows: np.ndarray,
-    grads: np.ndarray,
-    lr: float,
-    eps: float,
-    weight_decay: float,
-    records: np.ndarray | None = ...,
-) -> None: ...
-def sgd_rows(
-    weights: np.ndarray,
-    rows: np.ndarray,
-    grads: np.ndarray,
-    lr: float,
-    weight_decay: float,
-    records: np.ndarray | None = ...,
-) -> None: ...
 def pull_rows(
     index: IdIndex,
     ids: np.ndarray,
@@ -47,5 +29,12 @@ def pull_rows(
     records: np.ndarray | None,
     tick: int,
 ) -> tuple[np.ndarray, int]: ...
+def pull_values(
+    index: IdIndex,
+    values: np.ndarray,
+    weights: np.ndarray,
+    records: np.ndarray | None,
+    tick: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
 def touch_rows(records: np.ndarray, rows: np.ndarray, tick: int) -> None: ...
 def add_clicks_rows(records: np.ndarray, rows: np.ndarray, clicks: np.ndarray) -> None: ...

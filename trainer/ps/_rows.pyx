@@ -9,11 +9,9 @@
   numpy version it replaces needed several passes and a sort per probe round.
 * ``unique_inverse``: a batch's distinct ids and each id's position among them,
   by hashing (O(n), first-appearance order) rather than numpy's sort.
-* ``adagrad_rows`` / ``sgd_rows``: torch's Adagrad / SGD update applied in
-  place to a table's rows, without gathering rows and state into copies and
-  scattering them back.
 * ``pull_rows``: a pull's lookup, the copy of each row found and (training)
-  the update of its statistics, in one pass over the batch.
+  the update of its statistics, in one pass over the batch; ``pull_values``
+  the same for a batch's ids as they come, made distinct in the same call.
 * Per-row statistics are one 16-byte record per row (``ROW_STATS_DTYPE``:
   show, click, last-seen tick, changed-since-save flag), so that counting a
   pull writes one cache line per row rather than one in each of three
@@ -27,26 +25,20 @@ numbered densely; rebuilding the index from the kept ids costs one insert per
 kept row (about 40 ms per million rows), and leaves probe chains as short as a
 fresh index's, where tombstones would lengthen them until the next rebuild.
 
+The optimizers' updates of rows and the pooling of rows are in
+_row_updates.pyx; declarations both use are in _rows.pxd.
+
 Every function takes numpy arrays and releases the GIL for its loop, so RPC
 handler threads and Hogwild trainer threads run them in parallel.
 """
 
 import numpy as np
 
-from libc.math cimport sqrtf
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
 
 _MIN_CAPACITY = 1024
-# How many ids ahead a batch loop prefetches the index slot of: probes of
-# random ids miss the cache, and a few in flight at once hide most of the wait.
-cdef enum:
-    _AHEAD = 8
-
-
-cdef extern from *:
-    void __builtin_prefetch(const void* address) noexcept nogil
-
 # A slot's row number is written after its key with release order, and read
 # with acquire order: Hogwild processes (trainer/hogwild_processes.py) look ids
 # up without a lock in an index that another process may be adding to, and
@@ -65,13 +57,6 @@ ROW_STATS_DTYPE = np.dtype(
     [("show", np.float32), ("click", np.float32), ("last", np.uint32), ("changed", np.uint8)],
     align=True,
 )
-
-
-ctypedef struct RowStat:
-    float show
-    float click
-    uint32_t last  # tick of the last training pull
-    uint8_t changed  # since the last save
 
 
 cdef RowStat* _records(object records, uint8_t[::1] raw) except? NULL:
@@ -269,26 +254,16 @@ def unique_inverse(ids):
     cdef int64_t capacity = 16
     while capacity < 2 * n:
         capacity *= 2
-    slots_array = np.full(capacity, -1, dtype=np.int64)  # -> position in unique
+    slots_array = np.empty(capacity, dtype=np.int64)
     cdef int64_t[::1] slots = slots_array
     unique_array = np.empty(n, dtype=np.uint64)
     cdef uint64_t[::1] unique = unique_array
     inverse_array = np.empty(n, dtype=np.int64)
     cdef int64_t[::1] inverse = inverse_array
-    cdef uint64_t mask = <uint64_t>(capacity - 1)
-    cdef uint64_t pos
-    cdef int64_t count = 0
-    cdef Py_ssize_t i
+    cdef Py_ssize_t count
     with nogil:
-        for i in range(n):
-            pos = _mix64(keys[i]) & mask
-            while slots[pos] >= 0 and unique[slots[pos]] != keys[i]:
-                pos = (pos + 1) & mask
-            if slots[pos] < 0:
-                slots[pos] = count
-                unique[count] = keys[i]
-                count += 1
-            inverse[i] = slots[pos]
+        count = _distinct(&keys[0] if n else NULL, n, &slots[0], capacity - 1,
+                          &unique[0] if n else NULL, &inverse[0] if n else NULL)
     return unique_array[:count].view(array.dtype), inverse_array
 
 
@@ -301,20 +276,74 @@ def pull_rows(IdIndex index, ids, float[:, ::1] weights, out, records, uint32_t 
     ``tick``, flagged changed. Returns ``(rows, missing)``, ``missing`` the
     number of ids without a row (their ``out`` rows are left as they were)."""
     cdef uint64_t[::1] keys = _as_u64(ids)
-    cdef Py_ssize_t i, n = keys.shape[0]
-    cdef Py_ssize_t dim = weights.shape[1]
-    cdef int64_t allocated = weights.shape[0]
+    cdef Py_ssize_t n = keys.shape[0]
     cdef float[:, ::1] copy_to
     cdef bint copy = out is not None
     if copy:
         copy_to = out
-        if copy_to.shape[0] != n or copy_to.shape[1] != dim:
+        if copy_to.shape[0] != n or copy_to.shape[1] != weights.shape[1]:
             raise ValueError(
-                f"pull_rows: expected an output of shape ({n}, {dim}), "
+                f"pull_rows: expected an output of shape ({n}, {weights.shape[1]}), "
                 f"got ({copy_to.shape[0]}, {copy_to.shape[1]})"
             )
     raw_records = _record_bytes(records)
     cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _pulled_records(index, weights, records, raw)
+    found_array = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] found = found_array
+    cdef Py_ssize_t missing
+    with nogil:
+        missing = _pull(index, &keys[0] if n else NULL, n, weights,
+                        &copy_to[0, 0] if copy and n else NULL, stats, tick,
+                        &found[0] if n else NULL)
+    return found_array, missing
+
+
+def pull_values(IdIndex index, values, float[:, ::1] weights, records, uint32_t tick):
+    """A training pull of a batch's ids as they come, repeats included:
+    ``unique_inverse`` and ``pull_rows`` in one call. Returns ``(unique,
+    inverse, rows, out, missing)``: the distinct ids (uint64, in order of
+    first appearance), each value's position among them, each distinct id's
+    row number (-1 where absent), its row (float32 [len(unique), dim]; rows
+    of absent ids are left unset) and the number of absent ids."""
+    cdef uint64_t[::1] keys = _as_u64(values)
+    cdef Py_ssize_t n = keys.shape[0], dim = weights.shape[1]
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _pulled_records(index, weights, records, raw)
+    cdef int64_t capacity = 16
+    while capacity < 2 * n:
+        capacity *= 2
+    cdef int64_t* slots = <int64_t*>malloc(capacity * sizeof(int64_t))
+    if slots == NULL:
+        raise MemoryError()
+    unique_array = np.empty(n, dtype=np.uint64)
+    inverse_array = np.empty(n, dtype=np.int64)
+    found_array = np.empty(n, dtype=np.int64)
+    cdef uint64_t[::1] unique = unique_array
+    cdef int64_t[::1] inverse = inverse_array
+    cdef int64_t[::1] found = found_array
+    cdef Py_ssize_t count
+    try:
+        with nogil:
+            count = _distinct(&keys[0] if n else NULL, n, slots, capacity - 1,
+                              &unique[0] if n else NULL, &inverse[0] if n else NULL)
+    finally:
+        free(slots)
+    out_array = np.empty((count, dim), dtype=np.float32)
+    cdef float[:, ::1] out = out_array
+    cdef Py_ssize_t missing
+    with nogil:
+        missing = _pull(index, &unique[0] if n else NULL, count, weights,
+                        &out[0, 0] if count else NULL, stats, tick, &found[0] if n else NULL)
+    return unique_array[:count], inverse_array, found_array[:count], out_array, missing
+
+
+cdef RowStat* _pulled_records(IdIndex index, float[:, ::1] weights, records,
+                              uint8_t[::1] raw) except? NULL:
+    """The statistics records a pull counts in (NULL: none), checked against
+    the table's rows."""
+    cdef int64_t allocated = weights.shape[0]
     cdef RowStat* stats = _records(records, raw) if records is not None else NULL
     if records is not None and records.shape[0] < allocated:
         raise ValueError(
@@ -322,40 +351,66 @@ def pull_rows(IdIndex index, ids, float[:, ::1] weights, out, records, uint32_t 
         )
     if index.size > allocated:
         raise ValueError(f"pull_rows: the index has {index.size} rows, the table {allocated}")
-    found_array = np.empty(n, dtype=np.int64)
-    cdef int64_t[::1] found = found_array
+    return stats
+
+
+cdef Py_ssize_t _distinct(const uint64_t* keys, Py_ssize_t n, int64_t* slots, uint64_t mask,
+                          uint64_t* unique, int64_t* inverse) noexcept nogil:
+    """``unique_inverse``'s loop: ``slots`` (mask + 1 of them, a power of two
+    at least twice ``n``) is its scratch hash table. Returns the distinct count."""
+    cdef Py_ssize_t i, count = 0
+    cdef uint64_t pos
+    memset(slots, 0xFF, (mask + 1) * sizeof(int64_t))  # every slot -1: empty
+    for i in range(n):
+        pos = _mix64(keys[i]) & mask
+        while slots[pos] >= 0 and unique[slots[pos]] != keys[i]:
+            pos = (pos + 1) & mask
+        if slots[pos] < 0:
+            slots[pos] = count
+            unique[count] = keys[i]
+            count += 1
+        inverse[i] = slots[pos]
+    return count
+
+
+cdef Py_ssize_t _pull(IdIndex index, const uint64_t* keys, Py_ssize_t n, float[:, ::1] weights,
+                      float* copy_to, RowStat* stats, uint32_t tick,
+                      int64_t* found) noexcept nogil:
+    """``pull_rows``' loops: row numbers into ``found``, rows found copied to
+    ``copy_to`` (row-major [n, dim]; NULL: none), counted in ``stats`` (NULL:
+    not counted). Returns the number of absent ids."""
+    cdef Py_ssize_t i, dim = weights.shape[1]
     cdef int64_t row
     cdef Py_ssize_t missing = 0
     cdef RowStat* record
-    with nogil:
-        # Two passes, so that the second knows the rows ahead and prefetches
-        # them (each row and record is a cache miss of its own).
+    # Two passes, so that the second knows the rows ahead and prefetches them
+    # (each row and record is a cache miss of its own).
+    for i in range(n):
+        if i + _AHEAD < n:
+            index._prefetch(keys[i + _AHEAD])
+        row = index._slot(keys[i])[1]
+        found[i] = row
+        if row < 0:
+            missing += 1
+    if copy_to != NULL or stats != NULL:
         for i in range(n):
-            if i + _AHEAD < n:
-                index._prefetch(keys[i + _AHEAD])
-            row = index._slot(keys[i])[1]
-            found[i] = row
-            if row < 0:
-                missing += 1
-        if copy or stats != NULL:
-            for i in range(n):
-                if i + _AHEAD < n and found[i + _AHEAD] >= 0:
-                    row = found[i + _AHEAD]
-                    if copy:
-                        __builtin_prefetch(&weights[row, 0])
-                    if stats != NULL:
-                        __builtin_prefetch(stats + row)
-                row = found[i]
-                if row < 0:
-                    continue
-                if copy:
-                    memcpy(&copy_to[i, 0], &weights[row, 0], dim * sizeof(float))
+            if i + _AHEAD < n and found[i + _AHEAD] >= 0:
+                row = found[i + _AHEAD]
+                if copy_to != NULL:
+                    __builtin_prefetch(&weights[row, 0])
                 if stats != NULL:
-                    record = stats + row
-                    record.show += 1
-                    record.last = tick
-                    record.changed = 1
-    return found_array, missing
+                    __builtin_prefetch(stats + row)
+            row = found[i]
+            if row < 0:
+                continue
+            if copy_to != NULL:
+                memcpy(copy_to + i * dim, &weights[row, 0], dim * sizeof(float))
+            if stats != NULL:
+                record = stats + row
+                record.show += 1
+                record.last = tick
+                record.changed = 1
+    return missing
 
 
 def touch_rows(records, int64_t[::1] rows, uint32_t tick):
@@ -394,76 +449,6 @@ def add_clicks_rows(records, int64_t[::1] rows, float[::1] clicks):
                 stats[rows[i]].changed = 1
 
 
-def adagrad_rows(float[:, ::1] weights, float[:, ::1] state_sum, int64_t[::1] rows,
-                 float[:, ::1] grads, float lr, float eps, float weight_decay, records=None):
-    """torch.optim.Adagrad's step (lr_decay 0) on ``weights[rows]`` in place,
-    ``state_sum`` its squared-gradient sums. ``rows`` must be distinct. Given
-    ``records`` (ROW_STATS_DTYPE), each row is flagged changed there."""
-    cdef Py_ssize_t i, j, dim = weights.shape[1]
-    cdef int64_t row
-    cdef float g
-    _check_rows(weights, rows, grads)
-    if state_sum.shape[0] < weights.shape[0] or state_sum.shape[1] != dim:
-        raise ValueError(
-            f"Adagrad state of shape ({state_sum.shape[0]}, {state_sum.shape[1]}) does not "
-            f"fit weights of shape ({weights.shape[0]}, {dim})"
-        )
-    raw_records = _record_bytes(records)
-    cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = NULL
-    if records is not None:
-        stats = _records(records, raw)
-        _check_record_rows(records, rows, False)
-    with nogil:
-        for i in range(rows.shape[0]):
-            if i + _AHEAD < rows.shape[0]:
-                row = rows[i + _AHEAD]
-                __builtin_prefetch(&weights[row, 0])
-                __builtin_prefetch(&state_sum[row, 0])
-                if stats != NULL:
-                    __builtin_prefetch(stats + row)
-            row = rows[i]
-            if stats != NULL:
-                stats[row].changed = 1
-            for j in range(dim):
-                g = grads[i, j]
-                if weight_decay != 0:
-                    g = g + weight_decay * weights[row, j]
-                state_sum[row, j] += g * g
-                weights[row, j] -= lr * (g / (sqrtf(state_sum[row, j]) + eps))
-
-
-def sgd_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads, float lr,
-             float weight_decay, records=None):
-    """torch.optim.SGD's step (no momentum) on ``weights[rows]`` in place.
-    Given ``records`` (ROW_STATS_DTYPE), each row is flagged changed there."""
-    cdef Py_ssize_t i, j, dim = weights.shape[1]
-    cdef int64_t row
-    cdef float g
-    _check_rows(weights, rows, grads)
-    raw_records = _record_bytes(records)
-    cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = NULL
-    if records is not None:
-        stats = _records(records, raw)
-        _check_record_rows(records, rows, False)
-    with nogil:
-        for i in range(rows.shape[0]):
-            if i + _AHEAD < rows.shape[0]:
-                row = rows[i + _AHEAD]
-                __builtin_prefetch(&weights[row, 0])
-                if stats != NULL:
-                    __builtin_prefetch(stats + row)
-            row = rows[i]
-            if stats != NULL:
-                stats[row].changed = 1
-            for j in range(dim):
-                g = grads[i, j]
-                if weight_decay != 0:
-                    g = g + weight_decay * weights[row, j]
-                weights[row, j] -= lr * g
-
-
 cdef _check_record_rows(records, int64_t[::1] rows, bint absent_allowed):
     cdef Py_ssize_t i
     cdef int64_t allocated = records.shape[0]
@@ -471,16 +456,3 @@ cdef _check_record_rows(records, int64_t[::1] rows, bint absent_allowed):
     for i in range(rows.shape[0]):
         if rows[i] < lowest or rows[i] >= allocated:
             raise IndexError(f"row {rows[i]} outside the table's {allocated} rows of statistics")
-
-
-cdef _check_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads):
-    if grads.shape[0] != rows.shape[0] or grads.shape[1] != weights.shape[1]:
-        raise ValueError(
-            f"expected gradients of shape ({rows.shape[0]}, {weights.shape[1]}), "
-            f"got ({grads.shape[0]}, {grads.shape[1]})"
-        )
-    cdef Py_ssize_t i
-    cdef int64_t allocated = weights.shape[0]
-    for i in range(rows.shape[0]):
-        if rows[i] < 0 or rows[i] >= allocated:
-            raise IndexError(f"row {rows[i]} outside the table's {allocated} rows")

@@ -144,7 +144,7 @@ class LocalMode(TrainingMode):
     def step(self) -> None:
         """Runs the optimizer, then each sparse table's on its pulled rows."""
         step_from_grads(self._torch_optimizer())
-        sparse.local_store().push(sparse.take_gradients())
+        sparse.local_store().push_pending()
 
 
 class AsyncMode(TrainingMode):

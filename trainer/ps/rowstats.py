@@ -123,6 +123,18 @@ class RowStats:
         self.clock.tick += 1
         return self.clock.tick
 
+    def least_recently_seen(self, rows: int, tick: int, count: int) -> np.ndarray:
+        """Up to ``count`` of the first ``rows`` rows, the least recently seen
+        first, none of them seen at ``tick`` (a budget's eviction: not the
+        rows the pull making room saw)."""
+        last = self.last
+        candidates = np.flatnonzero(last[:rows] < tick)
+        if count <= 0:
+            return candidates[:0]
+        if count < candidates.shape[0]:
+            candidates = candidates[np.argpartition(last[candidates], count - 1)[:count]]
+        return candidates
+
     def created(self, rows: np.ndarray) -> None:
         """``rows`` are new: no show or click yet, seen now, not saved."""
         self.records[rows] = (0.0, 0.0, self.clock.tick, 1)

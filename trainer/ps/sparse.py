@@ -18,6 +18,7 @@ Four pieces, shared by the local mode and the parameter-server runtime:
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import weakref
@@ -30,11 +31,18 @@ import torch
 from ._rows import unique_inverse
 from .entries import CtrAccessorParam, EntryAttr
 from .optim import OptimizerSpec
-from .step_rows import pull_numbered, push_numbered
+from .step_rows import (
+    pull_distinct_numbered,
+    pull_numbered,
+    push_numbered,
+    push_pooled_numbered,
+)
 from .table import SparseTable, as_u64
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+
+    from .pooling import Pooling
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +242,45 @@ class LocalStore:
         numbered[config.name] = pulled
         return rows
 
+    def pull_values(
+        self, config: TableConfig, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A training pull of a batch's ids as they come (int64, repeats
+        included): ``(unique, rows, inverse)``, as ``distinct`` then ``pull``
+        in one pass over the ids. Keeps the row numbers for the push."""
+        table = self.table(config)
+        unique, inverse, rows, pulled = pull_distinct_numbered(table, values.numpy())
+        numbered = getattr(_pulled_here, "tables", None)
+        if numbered is None:
+            numbered = _pulled_here.tables = {}
+        numbered[config.name] = pulled
+        return (
+            torch.from_numpy(unique.view(np.int64)), torch.from_numpy(rows),
+            torch.from_numpy(inverse),
+        )
+
+    def push_pending(self) -> None:
+        """Pushes this thread's pending sparse gradients (``take_gradients``).
+        A table pulled once since the last push is pushed at its pull's row
+        numbers, its rows' gradient taken from the pooled output's in the
+        optimizer's own pass (``push_pooled_numbered``); the rest as ``push``."""
+        items = _take_pending()
+        numbered = getattr(_pulled_here, "tables", None) or {}
+        pulls = collections.Counter(name for name, _, _, _ in items)
+        rest = []
+        for name, ids, output, pooling in items:
+            pulled, table = numbered.get(name), self.tables.get(name)
+            if (
+                pulls[name] == 1 and pulled is not None and table is not None
+                and pulled.matches(as_u64(ids))
+                and push_pooled_numbered(table, output.grad, pooling, pulled)
+            ):
+                del numbered[name]
+            else:
+                rest.append((name, ids, output, pooling))
+        if rest:
+            self.push(_merged(rest))
+
     def push(self, gradients: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
         """Applies each table's optimizer to its rows' gradients: at the row
         numbers of this thread's last pull when those were its ids (the ids
@@ -305,8 +352,9 @@ _pending = threading.local()
 _MAX_PENDING = 4096
 
 
-def record(name: str, ids: torch.Tensor, rows: torch.Tensor) -> None:
-    """Remembers a training pull: ``rows`` is the leaf whose ``.grad`` to push."""
+def record(name: str, ids: torch.Tensor, output: torch.Tensor, pooling: Pooling) -> None:
+    """Remembers a training pull: ``output`` is the leaf pooled from the rows
+    of ``ids`` (``pooling``) whose ``.grad`` gives theirs."""
     items = getattr(_pending, "items", None)
     if items is None:
         items = _pending.items = []
@@ -318,18 +366,18 @@ def record(name: str, ids: torch.Tensor, rows: torch.Tensor) -> None:
             len(items),
         )
         del items[: _MAX_PENDING // 2]
-    items.append((name, ids, rows))
+    items.append((name, ids, output, pooling))
 
 
 def pending_rows() -> list[torch.Tensor]:
-    """The row tensors of this thread's pending pulls, oldest first.
+    """The output leaves of this thread's pending pulls, oldest first.
 
     A Hogwild trainer thread differentiates its loss with respect to them
     (``torch.autograd.grad``) and sets each one's ``.grad`` before
-    ``take_gradients``: the rows are this thread's own leaves, unlike the dense
+    ``take_gradients``: they are this thread's own leaves, unlike the dense
     parameters' shared ``.grad``.
     """
-    return [rows for _, _, rows in getattr(_pending, "items", None) or []]
+    return [output for _, _, output, _ in getattr(_pending, "items", None) or []]
 
 
 def clear_pending() -> None:
@@ -341,12 +389,22 @@ def take_gradients() -> dict[str, tuple[np.ndarray, torch.Tensor]]:
     """This thread's pending sparse gradients, merged per table: name ->
     (distinct uint64 ids, float32 grads [n, dim]). Pulls whose rows got no
     gradient are dropped."""
+    return _merged(_take_pending())
+
+
+def _take_pending() -> list[tuple[str, torch.Tensor, torch.Tensor, Pooling]]:
+    """This thread's pending pulls whose output got a gradient (all are forgotten)."""
     items = getattr(_pending, "items", None) or []
     _pending.items = []
+    return [item for item in items if item[2].grad is not None]
+
+
+def _merged(
+    items: list[tuple[str, torch.Tensor, torch.Tensor, Pooling]],
+) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
     per_table: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    for name, ids, rows in items:
-        if rows.grad is not None:
-            per_table.setdefault(name, []).append((ids, rows.grad))
+    for name, ids, output, pooling in items:
+        per_table.setdefault(name, []).append((ids, pooling.rows_gradient(output.grad)))
     out: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
     for name, parts in per_table.items():
         if len(parts) == 1:
@@ -359,7 +417,5 @@ def take_gradients() -> dict[str, tuple[np.ndarray, torch.Tensor]]:
             ids, inverse = torch.unique(all_ids, return_inverse=True)
             grad = torch.zeros(ids.shape[0], all_grads.shape[1], dtype=all_grads.dtype)
             grad.index_add_(0, inverse, all_grads)
-        if grad.dtype != torch.float32 or grad.requires_grad:
-            grad = grad.detach().to(torch.float32)
         out[name] = (as_u64(ids), grad)
     return out

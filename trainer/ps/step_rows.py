@@ -12,9 +12,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ._row_updates import push_pooled
+from ._rows import pull_values
+from .pooling import Pooling
 from .table import SparseTable, as_u64
 
-__all__ = ["PulledRows", "pull_numbered", "push_numbered"]
+__all__ = [
+    "PulledRows", "pull_distinct_numbered", "pull_numbered", "push_numbered",
+    "push_pooled_numbered",
+]
 
 
 class PulledRows:
@@ -53,6 +59,29 @@ def pull_numbered(table: SparseTable, ids: np.ndarray | torch.Tensor) -> tuple[
     return torch.from_numpy(out), PulledRows(ids, rows, stamp)
 
 
+def pull_distinct_numbered(table: SparseTable, values: np.ndarray) -> tuple[
+    np.ndarray, np.ndarray, np.ndarray, PulledRows
+]:
+    """``pull_numbered`` of a batch's ids as they come, repeats included, made
+    distinct in the same pass over them: ``(unique, inverse, rows,
+    pulled)``, the distinct ids (uint64, in order of first appearance), each
+    value's position among them, their rows (float32) and row numbers."""
+    with table._lock:
+        stats = table._stats
+        tick = stats.next_tick(table._index.size)
+        unique, inverse, rows, out, missing = pull_values(
+            table._index, values, table._weights, stats.records, tick
+        )
+        if missing:
+            table._add_missing(unique, rows, out, tick)
+        stamp = table.renumbered
+    if missing:
+        absent = rows < 0  # not admitted: zeros, as SparseTable.pull
+        if absent.any():
+            out[absent] = table.init_rows(unique[absent]) if table.entry is None else 0.0
+    return unique, inverse, out, PulledRows(unique, rows, stamp)
+
+
 def push_numbered(table: SparseTable, grads: torch.Tensor, pulled: PulledRows) -> None:
     """``table.push(pulled.ids, grads)`` at the row numbers of the pull (looked
     up again if the table renumbered its rows since). Gradients of ids that
@@ -72,3 +101,28 @@ def push_numbered(table: SparseTable, grads: torch.Tensor, pulled: PulledRows) -
         if not present.all():
             rows, grad = rows[present], grad[present]
         table._apply(rows, grad)
+
+
+def push_pooled_numbered(
+    table: SparseTable, grad: torch.Tensor, pooling: Pooling, pulled: PulledRows
+) -> bool:
+    """``push_numbered`` of the rows' gradient that ``pooling`` takes from its
+    output's ``grad``, in the optimizer's own pass (``push_pooled``: no
+    gradient per row is made); False (nothing pushed) for a table whose
+    optimizer is not SGD or Adagrad."""
+    kind, hyper = table.optimizer.kind, table.optimizer.hyper
+    if kind not in ("sgd", "adagrad"):
+        return False
+    out = pooling.output_gradient(grad)
+    adagrad = kind == "adagrad"
+    with table._lock:
+        rows = pulled.rows
+        if pulled.stamp != table.renumbered:
+            rows = table._rows_for(pulled.ids, create=table._fixed)
+        push_pooled(
+            table._weights, table._state["sum"] if adagrad else None, rows, out,
+            pooling.positions, pooling.bounds, pooling.mean, float(hyper["lr"]),
+            float(hyper["eps"]) if adagrad else 0.0, float(hyper["weight_decay"]),
+            table._stats.records,
+        )
+    return True

@@ -41,7 +41,8 @@ import numpy as np
 import torch
 
 from ..job.errors import CheckpointError
-from ._rows import IdIndex, adagrad_rows, pull_rows, sgd_rows
+from ._row_updates import adagrad_rows, sgd_rows
+from ._rows import IdIndex, pull_rows
 from .describe import shown
 from .entries import CtrAccessorParam, EntryAttr
 from .ids import as_u64, init_rows, mix64, shard_of, table_seed
@@ -195,36 +196,40 @@ class SparseTable:
         """A training pull of distinct ``ids``: admits and creates what its
         rule lets in (evicting for the budget), counts the statistics, copies
         the rows into ``out`` (when given; rows of ids not admitted are left
-        as they were); returns the row numbers, -1 for ids not admitted.
-        Caller holds the lock."""
-        stats = self._stats
-        tick = stats.next_tick(self._index.size)
+        as they were); the row numbers, -1 for ids not admitted. Locked."""
+        tick = self._stats.next_tick(self._index.size)
         # Rows found are counted (and copied) in the lookup's own loop; rows
         # pulled now are the most recent, so none of them is evicted below.
-        rows, missing_count = pull_rows(self._index, ids, self._weights, out, stats.records, tick)
-        if missing_count:
-            missing = np.flatnonzero(rows < 0)
-            new_ids = ids[missing]
-            sightings = None
-            if self.entry is not None:
-                counts = stats.pending.sight(new_ids, tick)
-                admit = self.entry.admits(new_ids, counts, self._seed64)
-                missing, new_ids, sightings = missing[admit], new_ids[admit], counts[admit]
-                stats.pending.admitted(new_ids)
-                if self.max_rows is not None and len(stats.pending) > self.max_rows:
-                    # Ids waiting for admission are bounded by the row budget too.
-                    stats.pending.drop(0, oldest=len(stats.pending) - self.max_rows)
-            if new_ids.size:
-                if self._make_room(new_ids.shape[0], tick):
-                    rows = self._index.lookup(ids)  # renumbered
-                created = self._insert(new_ids)
-                rows[missing] = created
-                if sightings is not None:  # earlier sightings count as shows
-                    stats.show[created] = sightings - 1
-                stats.touch(created, tick)
-                if out is not None:
-                    out[missing] = self._weights[created]
+        rows, missing = pull_rows(self._index, ids, self._weights, out, self._stats.records, tick)
+        if missing:
+            self._add_missing(ids, rows, out, tick)
         return rows
+
+    def _add_missing(self, ids: np.ndarray, rows: np.ndarray, out: Any, tick: int) -> None:
+        """The rest of a training pull after its lookup (``rows`` -1: no row):
+        sets the ``rows`` and ``out`` rows of the ids it admits and creates."""
+        stats = self._stats
+        missing = np.flatnonzero(rows < 0)
+        new_ids = ids[missing]
+        sightings = None
+        if self.entry is not None:
+            counts = stats.pending.sight(new_ids, tick)
+            admit = self.entry.admits(new_ids, counts, self._seed64)
+            missing, new_ids, sightings = missing[admit], new_ids[admit], counts[admit]
+            stats.pending.admitted(new_ids)
+            if self.max_rows is not None and len(stats.pending) > self.max_rows:
+                # Ids waiting for admission are bounded by the row budget too.
+                stats.pending.drop(0, oldest=len(stats.pending) - self.max_rows)
+        if new_ids.size:
+            if self._make_room(new_ids.shape[0], tick):
+                rows[:] = self._index.lookup(ids)  # renumbered, in place
+            created = self._insert(new_ids)
+            rows[missing] = created
+            if sightings is not None:  # earlier sightings count as shows
+                stats.show[created] = sightings - 1
+            stats.touch(created, tick)
+            if out is not None:
+                out[missing] = self._weights[created]
 
     def _make_room(self, new: int, tick: int) -> bool:
         """Evicts least recently seen rows so that ``new`` rows fit the budget;
@@ -232,17 +237,12 @@ class SparseTable:
         if self.max_rows is None or self._index.size + new <= self.max_rows:
             return False
         n = self._index.size
-        excess = n + new - self.max_rows
-        # Not the rows this pull saw; a sixteenth of the budget more, so that
-        # the rebuild is not paid on every pull.
-        last = self._stats.last
-        candidates = np.flatnonzero(last[:n] < tick)
-        evict = min(candidates.shape[0], excess + self.max_rows // _EVICT_FRACTION)
-        if evict <= 0:
+        # A sixteenth of the budget more, so that the rebuild is not paid on every pull.
+        evict = n + new - self.max_rows + self.max_rows // _EVICT_FRACTION
+        candidates = self._stats.least_recently_seen(n, tick, evict)
+        if not candidates.size:
             return False
-        if evict < candidates.shape[0]:
-            chosen = np.argpartition(last[candidates], evict - 1)[:evict]
-            candidates = candidates[chosen]
+        evict = candidates.shape[0]
         keep = np.ones(n, dtype=bool)
         keep[candidates] = False
         self._keep_rows(keep)
