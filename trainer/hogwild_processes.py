@@ -261,7 +261,7 @@ def _distinct_ids(dataset: Any) -> np.ndarray:
         return counted[1]
     seen = IdIndex()
     for values in parts:
-        seen.lookup_or_insert(np.array(values))  # a writable copy
+        seen.lookup_or_insert(values)
     ids = seen.ids_in_row_order()
     _counted_ids[dataset] = (fingerprint, ids)
     return ids

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -130,10 +131,10 @@ class SparseEmbedding(nn.Module):
 
     def _rows(
         self, ids: torch.Tensor, clicked: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-        """The distinct ids, their rows, each id's position among them, and
-        whether this is a training pull; ``clicked`` (bool per id of ``ids``)
-        adds to the rows' click counts."""
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray, bool]:
+        """The distinct ids, their rows (float32 numpy), each id's position
+        among them (int64 numpy), and whether this is a training pull;
+        ``clicked`` (bool per id of ``ids``) adds to the rows' click counts."""
         if ids.dtype not in (torch.int64, torch.uint64):
             raise TypeError(
                 f"SparseEmbedding '{self.name}' expects int64 feature ids, got {ids.dtype}"
@@ -145,19 +146,21 @@ class SparseEmbedding(nn.Module):
         started = time.perf_counter()
         if training and store is sparse.local_store() and ids.is_cpu:
             # This process's tables: the ids made distinct in the pull's own pass.
-            unique, rows, inverse = store.pull_values(self.config, ids.reshape(-1))
+            unique, rows, positions = store.pull_values(self.config, ids.reshape(-1))
         else:
             unique, inverse = sparse.distinct(ids)
             started = time.perf_counter()
-            rows = store.pull(self.config, unique, training)
+            pulled = store.pull(self.config, unique, training)
+            rows = np.ascontiguousarray(pulled.detach().to("cpu", torch.float32).numpy())
+            positions = inverse.numpy() if inverse.is_cpu else inverse.cpu().numpy()
         if training:
             step_clock.add_pull(time.perf_counter() - started)
             if clicked is not None:
                 # One click per id per batch at most, as show counts one per batch.
                 per_id = torch.zeros(unique.shape[0], dtype=torch.float32)
-                per_id[inverse.reshape(-1)[clicked.reshape(-1)]] = 1.0
+                per_id[torch.from_numpy(positions)[clicked.reshape(-1)]] = 1.0
                 sparse.add_clicks(self.config, unique, per_id)
-        return unique, rows, inverse, training
+        return unique, rows, positions, training
 
     def forward(self, x: Any, click: torch.Tensor | None = None) -> torch.Tensor:
         """The rows of the ids in ``x``: a ``Ragged`` gives each record's rows
@@ -183,7 +186,7 @@ class SparseEmbedding(nn.Module):
         return self._output(*self._rows(values, clicked), offsets, None)
 
     def _output(
-        self, unique: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, training: bool,
+        self, unique: torch.Tensor, rows: np.ndarray, positions: np.ndarray, training: bool,
         offsets: torch.Tensor | None, shape: tuple[int, ...] | None,
     ) -> torch.Tensor:
         """Each value's row (``offsets`` None; viewed as ``shape``) or each
@@ -191,7 +194,7 @@ class SparseEmbedding(nn.Module):
         output is a leaf of its own, and the rows' gradient comes from its
         gradient when the optimizer pushes (``sparse.take_gradients``), with
         no autograd node of the pooling."""
-        pooling = Pooling(inverse, offsets, self.mode == "mean", rows.shape[0])
+        pooling = Pooling(positions, offsets, self.mode == "mean", rows.shape[0])
         out = pool(rows, pooling)
         if shape is not None:
             out = out.view(shape)

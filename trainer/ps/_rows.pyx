@@ -157,7 +157,7 @@ cdef class IdIndex:
 
     def lookup(self, ids):
         """Row number of each id, -1 where the id is absent."""
-        cdef uint64_t[::1] keys = _as_u64(ids)
+        cdef const uint64_t[::1] keys = _as_u64(ids)
         out = np.empty(keys.shape[0], dtype=np.int64)
         cdef int64_t[::1] rows = out
         cdef Py_ssize_t i, n = keys.shape[0]
@@ -171,7 +171,7 @@ cdef class IdIndex:
     def lookup_or_insert(self, ids):
         """Row number of each id, adding absent ids (new rows numbered from
         ``size`` in order of first appearance; a repeated id gets one row)."""
-        cdef uint64_t[::1] keys = _as_u64(ids)
+        cdef const uint64_t[::1] keys = _as_u64(ids)
         cdef Py_ssize_t n = keys.shape[0]
         if _over_load(self.size + n, self.capacity):
             self._grow(self.size + n)
@@ -249,7 +249,7 @@ def unique_inverse(ids):
     order of first appearance (same dtype) and each value's position among them,
     so that ``unique[inverse]`` equals ``ids``."""
     array = np.ascontiguousarray(ids).reshape(-1)
-    cdef uint64_t[::1] keys = _as_u64(array)
+    cdef const uint64_t[::1] keys = _as_u64(array)
     cdef Py_ssize_t n = keys.shape[0]
     cdef int64_t capacity = 16
     while capacity < 2 * n:
@@ -275,7 +275,7 @@ def pull_rows(IdIndex index, ids, float[:, ::1] weights, out, records, uint32_t 
     counted in the record of each row found: show + 1, last-seen tick
     ``tick``, flagged changed. Returns ``(rows, missing)``, ``missing`` the
     number of ids without a row (their ``out`` rows are left as they were)."""
-    cdef uint64_t[::1] keys = _as_u64(ids)
+    cdef const uint64_t[::1] keys = _as_u64(ids)
     cdef Py_ssize_t n = keys.shape[0]
     cdef float[:, ::1] copy_to
     cdef bint copy = out is not None
@@ -306,7 +306,7 @@ def pull_values(IdIndex index, values, float[:, ::1] weights, records, uint32_t 
     first appearance), each value's position among them, each distinct id's
     row number (-1 where absent), its row (float32 [len(unique), dim]; rows
     of absent ids are left unset) and the number of absent ids."""
-    cdef uint64_t[::1] keys = _as_u64(values)
+    cdef const uint64_t[::1] keys = _as_u64(values)
     cdef Py_ssize_t n = keys.shape[0], dim = weights.shape[1]
     raw_records = _record_bytes(records)
     cdef uint8_t[::1] raw = raw_records

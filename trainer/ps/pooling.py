@@ -23,9 +23,9 @@ class Pooling:
     __slots__ = ("bounds", "count", "mean", "positions")
 
     def __init__(
-        self, inverse: torch.Tensor, offsets: torch.Tensor | None, mean: bool, count: int
+        self, positions: np.ndarray, offsets: torch.Tensor | None, mean: bool, count: int
     ) -> None:
-        self.positions = inverse.numpy() if inverse.is_cpu else inverse.cpu().numpy()
+        self.positions = positions
         self.bounds = None if offsets is None else _bounds(offsets, self.positions.shape[0])
         self.mean = mean and self.bounds is not None
         self.count = count
@@ -44,14 +44,10 @@ class Pooling:
         return np.ascontiguousarray(grad.numpy()).reshape(records, grad.shape[-1])
 
 
-def pool(rows: torch.Tensor, pooling: Pooling) -> torch.Tensor:
-    """Each value's row (one per record) or each record's rows pooled: float32
-    [records, dim], a new tensor (not a view of ``rows``)."""
-    if rows.requires_grad or rows.dtype != torch.float32 or not rows.is_cpu:
-        rows = rows.detach().to("cpu", torch.float32)
-    pooled = pool_rows(
-        np.ascontiguousarray(rows.numpy()), pooling.positions, pooling.bounds, pooling.mean
-    )
+def pool(rows: np.ndarray, pooling: Pooling) -> torch.Tensor:
+    """Each value's row (one per record) or each record's rows (float32
+    [count, dim]) pooled: float32 [records, dim], a new tensor."""
+    pooled = pool_rows(rows, pooling.positions, pooling.bounds, pooling.mean)
     if pooled is None:
         _raise_decreasing(pooling.bounds)
     return torch.from_numpy(pooled)

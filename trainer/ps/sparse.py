@@ -244,20 +244,20 @@ class LocalStore:
 
     def pull_values(
         self, config: TableConfig, values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """A training pull of a batch's ids as they come (int64, repeats
-        included): ``(unique, rows, inverse)``, as ``distinct`` then ``pull``
-        in one pass over the ids. Keeps the row numbers for the push."""
+        included), as ``distinct`` then ``pull`` in one pass over the ids:
+        the distinct ids (int64 tensor), their rows (float32 numpy) and each
+        value's position among them (int64 numpy). Keeps the row numbers for
+        the push of the distinct ids' tensor."""
         table = self.table(config)
-        unique, inverse, rows, pulled = pull_distinct_numbered(table, values.numpy())
+        unique, positions, rows, pulled = pull_distinct_numbered(table, values.numpy())
         numbered = getattr(_pulled_here, "tables", None)
         if numbered is None:
             numbered = _pulled_here.tables = {}
         numbered[config.name] = pulled
-        return (
-            torch.from_numpy(unique.view(np.int64)), torch.from_numpy(rows),
-            torch.from_numpy(inverse),
-        )
+        pulled.source = torch.from_numpy(unique.view(np.int64))
+        return pulled.source, rows, positions
 
     def push_pending(self) -> None:
         """Pushes this thread's pending sparse gradients (``take_gradients``).
@@ -272,7 +272,7 @@ class LocalStore:
             pulled, table = numbered.get(name), self.tables.get(name)
             if (
                 pulls[name] == 1 and pulled is not None and table is not None
-                and pulled.matches(as_u64(ids))
+                and pulled.source is ids  # this pull's own ids
                 and push_pooled_numbered(table, output.grad, pooling, pulled)
             ):
                 del numbered[name]

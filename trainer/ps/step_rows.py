@@ -25,14 +25,16 @@ __all__ = [
 
 class PulledRows:
     """The ids of one training pull of a table, the row numbers it found (-1:
-    not admitted) and the table's renumbering count then."""
+    not admitted) and the table's renumbering count then; ``source``: the
+    tensor of the ids that the caller handed on (None: not kept)."""
 
-    __slots__ = ("ids", "rows", "stamp")
+    __slots__ = ("ids", "rows", "source", "stamp")
 
     def __init__(self, ids: np.ndarray, rows: np.ndarray, stamp: int) -> None:
         self.ids = ids
         self.rows = rows
         self.stamp = stamp
+        self.source: torch.Tensor | None = None
 
     def matches(self, ids: np.ndarray) -> bool:
         """Whether ``ids`` are the pulled ids, in the same order."""
