@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetfeed-installed
-SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx datafeed/*.pxd generators/*.pyx generators/*.pxd trainer/ps/*.pyx)
+SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx datafeed/*.pxd generators/*.pyx generators/*.pxd trainer/ps/*.pyx trainer/ps/*.pxd)
 # The linters `make lint` runs, pinned: a new release's new rules must not fail CI.
 LINTERS := ruff==0.17.6 cython-lint==0.22.1
 CYTHON_FILES := $(sort $(wildcard datafeed/*.pyx datafeed/*.pxd generators/*.pyx generators/*.pxd trainer/ps/*.pyx trainer/ps/*.pxd))

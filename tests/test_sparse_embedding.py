@@ -17,6 +17,7 @@ from datafeed import Ragged
 from trainer.nn import SparseEmbedding
 from trainer.ps import ParameterServerRuntime, load_local, sparse, table_files
 from trainer.ps.optim import OptimizerSpec
+from trainer.ps._rows import ROW_STATS_DTYPE, pull_rows
 from trainer.ps.table import IdIndex, SparseTable, as_u64, shard_of
 from trainer.role import ClusterRole
 
@@ -62,6 +63,70 @@ def test_index_grows_and_keeps_rows():
         index.insert_new(part)
     assert index.capacity >= 2 * ids.size
     assert (index.lookup(ids) == np.arange(ids.size)).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=300), st.lists(st.integers(0, 40), max_size=30))
+def test_a_pull_of_values_is_their_distinct_ids_pulled(values, present):
+    """``pull_values`` (one pass) gives ``unique_inverse`` then ``pull_rows``:
+    the same distinct ids, positions, row numbers, rows and statistics."""
+    from trainer.ps._rows import pull_values, unique_inverse
+
+    def table_of(ids):
+        table = SparseTable("t", 3, OptimizerSpec("sgd"))
+        table.push(torch.tensor(sorted(set(ids)), dtype=torch.int64), torch.ones(len(set(ids)), 3))
+        return table
+
+    fused, apart = table_of(present), table_of(present)
+    keys = np.array(values, dtype=np.int64)
+    unique, inverse, rows, out, missing = pull_values(
+        fused._index, keys, fused._weights, fused._stats.records, 7
+    )
+    expected_unique, expected_inverse = unique_inverse(keys)
+    expected_out = np.zeros((expected_unique.shape[0], 3), dtype=np.float32)
+    expected_rows, expected_missing = pull_rows(
+        apart._index, expected_unique, apart._weights, expected_out, apart._stats.records, 7
+    )
+    assert unique.tolist() == expected_unique.view(np.uint64).tolist()
+    assert inverse.tolist() == expected_inverse.tolist()
+    assert rows.tolist() == expected_rows.tolist() and missing == expected_missing
+    found = rows >= 0
+    assert np.array_equal(out[found], expected_out[found])
+    assert np.array_equal(fused._stats.records, apart._stats.records)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad"])
+@pytest.mark.parametrize("mean", [False, True])
+def test_a_pooled_push_is_the_unpooled_gradient_applied(kind, mean):
+    """``push_pooled`` gives bit for bit ``unpool_rows`` then ``adagrad_rows``
+    / ``sgd_rows``, and drops the gradient of a row numbered -1."""
+    from trainer.ps._row_updates import adagrad_rows, push_pooled, sgd_rows, unpool_rows
+
+    rng = np.random.default_rng(3)
+    weights = rng.standard_normal((6, 4)).astype(np.float32)
+    state = rng.random((6, 4)).astype(np.float32)
+    records = np.zeros(6, dtype=ROW_STATS_DTYPE)
+    positions = np.array([0, 1, 0, 2, 3, 1, 0], dtype=np.int64)
+    bounds = np.array([0, 3, 3, 5, 7], dtype=np.int64)
+    rows = np.array([4, 2, -1, 0], dtype=np.int64)  # position 2: not admitted
+    grad = rng.standard_normal((4, 4)).astype(np.float32)
+    fused_w, fused_s = weights.copy(), state.copy()
+    push_pooled(fused_w, fused_s if kind == "adagrad" else None, rows, grad, positions, bounds,
+                mean, 0.1, 1e-6, 0.01, records)
+    per_row = unpool_rows(grad, positions, bounds, mean, 4)
+    kept = rows >= 0
+    if kind == "adagrad":
+        adagrad_rows(weights, state, rows[kept], per_row[kept], 0.1, 1e-6, 0.01)
+    else:
+        sgd_rows(weights, rows[kept], per_row[kept], 0.1, 0.01)
+    assert np.array_equal(fused_w, weights) and np.array_equal(fused_s, state)
+    assert records["changed"].tolist() == [1, 0, 1, 0, 1, 0]
+    with pytest.raises(IndexError, match="row 6 outside the table's 6 rows"):
+        push_pooled(fused_w, None, np.array([6, 0, 1, 2]), grad, positions, bounds, mean,
+                    0.1, 0.0, 0.0, records)
+    with pytest.raises(ValueError, match="offsets must run from 0 to the number of values"):
+        push_pooled(fused_w, None, rows, grad, positions, bounds[:-1], mean, 0.1, 0.0, 0.0,
+                    records)
 
 
 def test_sharding_is_a_stable_partition():
