@@ -252,7 +252,10 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             seed = self._shuffles.next_seed(self._settings["seed"])
         self._shuffles.counter += 1
         rows = store.rows
-        self._store = shuffle.local_shuffle(store, seed, threads=self._reader_threads)
+        if self._shared is None:
+            self._store = shuffle.local_shuffle(store, seed, threads=self._reader_threads)
+        else:  # trainer processes read the records: shuffled straight into a memory file
+            self._store, self._shared = shared_records.shuffled(store, seed, self._reader_threads)
         self._shuffled_alone = False
         self._note_shuffle(("local", seed), rows)
         del store
@@ -553,8 +556,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         return BatchPlan(batcher, list(islice(batcher.group(ranges), limit)), self._position)
 
     def share_records(self) -> shared_records.SharedRecords:
-        """Moves the records into a memory file other processes can map (unless
-        there already): trainer processes that outlive a pass read them there."""
+        """Moves the records into a memory file for trainer processes (unless there)."""
         store = self._require_store("sharing the records")
         if self._shared is None or not self._shared.holds(store):
             self._store, self._shared = shared_records.share_store(store)

@@ -6,7 +6,9 @@ or loaded again between passes. The records of each pass reach them through
 one memory file (``memfd``): ``share_store`` copies a store's arrays into it
 and returns the store rebuilt as views of it (the private arrays can then be
 freed, so sharing takes no memory beyond the copy's moment), with a
-``SharedRecords`` handle; a process given its file descriptor and layout
+``SharedRecords`` handle; ``shuffled`` shuffles a store straight into a new
+one (a dataset whose records were shared before shuffles so, and copies
+nothing at its next pass). A process given the file descriptor and layout
 rebuilds the same store with ``attach_store``, copying nothing.
 
 The file lives while the shared store does in this process (its descriptor
@@ -17,16 +19,18 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
 from .columns import RecordChunk, SlotColumn
+from .shuffle import permutation
 from .slots import SlotSchema
 from .store import RecordStore
 
-__all__ = ["SharedRecords", "attach_store", "share_store"]
+__all__ = ["SharedRecords", "attach_store", "share_store", "shuffled"]
 
 _ALIGN = 64  # each array starts on a cache line
 
@@ -66,42 +70,111 @@ def share_store(store: RecordStore) -> tuple[RecordStore, SharedRecords]:
     Raises:
         TypeError: a column whose values are not plain numbers.
     """
-    arrays: list[np.ndarray] = []
-    chunks = []
-    for chunk in store.chunks:
-        columns = []
-        for column in chunk.columns:
-            described = []
-            for array in (column.values, column.offsets):
-                if array is None:
-                    described.append(None)
-                    continue
-                if array.dtype.kind not in "biuf":
-                    raise TypeError(
-                        f"records with {array.dtype} values cannot be shared between processes"
-                    )
-                described.append(len(arrays))
-                arrays.append(array)
-            columns.append({"values": described[0], "offsets": described[1],
-                            "width": column.width})
-        chunks.append({"rows": chunk.rows, "columns": columns})
-    places, size = [], 0
+    arrays = [a for chunk in store.chunks for column in chunk.columns
+              for a in (column.values, column.offsets) if a is not None]
     for array in arrays:
-        places.append([size, array.dtype.str, int(array.shape[0])])
-        size += -(-array.nbytes // _ALIGN) * _ALIGN
-    layout = {"size": size, "arrays": places, "chunks": chunks}
-    fd = os.memfd_create("fleetfeed-records", os.MFD_CLOEXEC)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(
+                f"records with {array.dtype} values cannot be shared between processes"
+            )
+    file = _MemoryFile(sum(_placed(a.nbytes) for a in arrays))
     try:
-        os.ftruncate(fd, max(size, 1))
-        views = _views(fd, layout)
-        for view, array in zip(views, arrays, strict=True):
-            view[...] = array
+        chunks = []
+        for chunk in store.chunks:
+            columns = tuple(
+                SlotColumn(
+                    file.copy(column.values),
+                    None if column.offsets is None else file.copy(column.offsets),
+                    column.width,
+                )
+                for column in chunk.columns
+            )
+            chunks.append(RecordChunk(columns, chunk.rows))
     except BaseException:
-        os.close(fd)
+        os.close(file.fd)
         raise
-    shared = _rebuild(store.schema, layout, views)
-    weakref.finalize(shared, os.close, fd)
-    return shared, SharedRecords(fd, layout, shared)
+    return file.share(RecordStore(store.schema, chunks))
+
+
+def shuffled(store: RecordStore, seed: int, threads: int) -> tuple[RecordStore, SharedRecords]:
+    """``shuffle.local_shuffle`` of ``store`` written straight into a new memory
+    file (no copy after it): the shuffled records, and their handle."""
+    rows = store.rows
+    # Room for every array the gather makes: no more values than the parts
+    # hold, offsets of at most 8 bytes.
+    size = sum(
+        sum(_placed(chunk.columns[i].values.nbytes) for chunk in store.chunks)
+        + _placed(8 * (rows + 1)) for i in range(len(store.schema))
+    )
+    file = _MemoryFile(size)
+    try:
+        taken = store.take(permutation(rows, seed), threads=threads, allocate=file.empty)
+    except BaseException:
+        os.close(file.fd)
+        raise
+    return file.share(taken)
+
+
+def _placed(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+class _MemoryFile:
+    """A new memory file of ``size`` bytes, filled with arrays one after the
+    other (``empty``, ``copy``; from several threads), each 64-byte aligned."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        self.fd = os.memfd_create("fleetfeed-records", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, self.size)
+            self._memory = mmap.mmap(self.fd, self.size)  # MAP_SHARED
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._places: list[list] = []  # [offset, dtype, count] per array
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A new uninitialised array here."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        with self._lock:
+            offset = _placed(self._used)
+            if offset + count * dtype.itemsize > self.size:
+                raise MemoryError(
+                    f"records' memory file: {count * dtype.itemsize} bytes more do not fit "
+                    f"its {self.size} (at {offset})"
+                )
+            self._used = offset + count * dtype.itemsize
+            self._places.append([offset, dtype.str, count])
+        return np.frombuffer(self._memory, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def copy(self, array: np.ndarray) -> np.ndarray:
+        out = self.empty(array.shape, array.dtype)
+        out[...] = array
+        return out
+
+    def share(self, store: RecordStore) -> tuple[RecordStore, SharedRecords]:
+        """``store`` (its arrays all made here) and its handle; the file's
+        descriptor closes with the store."""
+        base = np.frombuffer(self._memory, dtype=np.uint8, count=1).ctypes.data
+        index = {offset: i for i, (offset, _, _) in enumerate(self._places)}
+
+        def place(array: np.ndarray | None) -> int | None:
+            return None if array is None else index[array.ctypes.data - base]
+
+        chunks = [
+            {"rows": chunk.rows, "columns": [
+                {"values": place(c.values), "offsets": place(c.offsets), "width": c.width}
+                for c in chunk.columns
+            ]}
+            for chunk in store.chunks
+        ]
+        layout = {"size": max(self._used, 1), "arrays": self._places, "chunks": chunks}
+        weakref.finalize(store, os.close, self.fd)
+        return store, SharedRecords(self.fd, layout, store)
 
 
 def attach_store(schema: SlotSchema, fd: int, layout: dict[str, Any]) -> RecordStore:

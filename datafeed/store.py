@@ -7,6 +7,7 @@ timing. A shuffle gathers every column into one new contiguous chunk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,6 +17,9 @@ from . import _shuffle
 from .arrow import arrow_schema_of, chunk_to_record_batch
 from .columns import RecordChunk, SlotColumn, offsets_dtype
 from .slots import SlotSchema
+
+# Makes an output array: (shape, dtype) -> an uninitialised array (np.empty's signature).
+Allocate = Callable[..., np.ndarray]
 
 
 class RecordStore:
@@ -53,15 +57,19 @@ class RecordStore:
         del chunk_of_row
         return chunk_of, permutation - np.take(starts, chunk_of)
 
-    def take(self, permutation: np.ndarray, threads: int = 2) -> RecordStore:
-        """A new store whose row ``i`` is this store's row ``permutation[i]``."""
+    def take(
+        self, permutation: np.ndarray, threads: int = 2, allocate: Allocate = np.empty
+    ) -> RecordStore:
+        """A new store whose row ``i`` is this store's row ``permutation[i]``,
+        its arrays made by ``allocate(shape, dtype)`` (from several threads)."""
         if not self.chunks:
             return RecordStore(self.schema)
         chunk_of, row_of = self._sources(permutation)
         columns: list[SlotColumn | None] = [None] * len(self.schema)
 
         def gather(i: int) -> None:
-            columns[i] = gather_column([c.columns[i] for c in self.chunks], chunk_of, row_of)
+            parts = [c.columns[i] for c in self.chunks]
+            columns[i] = gather_column(parts, chunk_of, row_of, allocate)
 
         if threads <= 1:  # small gathers (a global shuffle's rounds): no pool to start
             for i in range(len(self.schema)):
@@ -120,14 +128,16 @@ class RecordStore:
 
 
 def gather_column(
-    parts: list[SlotColumn], chunk_of: np.ndarray, row_of: np.ndarray
+    parts: list[SlotColumn], chunk_of: np.ndarray, row_of: np.ndarray,
+    allocate: Allocate = np.empty,
 ) -> SlotColumn:
-    """Row ``row_of[i]`` of part ``chunk_of[i]``, for every i, as one new column."""
+    """Row ``row_of[i]`` of part ``chunk_of[i]``, for every i, as one new
+    column, its arrays made by ``allocate(shape, dtype)``."""
     dtype = parts[0].values.dtype
     widths = {p.width for p in parts}
     if len(widths) == 1 and all(p.offsets is None for p in parts):
         width = parts[0].width
-        values = np.empty(len(chunk_of) * width, dtype=dtype)
+        values = allocate(len(chunk_of) * width, dtype)
         _shuffle.gather_fixed(
             [p.values.view(np.uint8) for p in parts],
             width * dtype.itemsize,
@@ -142,9 +152,10 @@ def gather_column(
     starts = np.cumsum([0] + [p.rows for p in parts])
     lengths = lengths[starts[chunk_of] + row_of]
     total = int(lengths.sum())
-    offsets = np.zeros(len(chunk_of) + 1, dtype=offsets_dtype(total))
+    offsets = allocate(len(chunk_of) + 1, offsets_dtype(total))
+    offsets[0] = 0
     np.cumsum(lengths, out=offsets[1:])
-    values = np.empty(total, dtype=dtype)
+    values = allocate(total, dtype)
     no_offsets = np.empty(0, dtype=np.uint8)
     _shuffle.gather_ragged(
         [p.values.view(np.uint8) for p in parts],

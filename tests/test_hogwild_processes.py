@@ -447,10 +447,16 @@ def test_shared_records_are_the_records_and_follow_their_changes(ctr_files):
     assert train.share_records() is shared  # nothing changed: nothing copied
     copy = attach_store(train.schema, os.dup(shared.fd), shared.layout)
     assert copy.to_arrow().equals(records)
-    train.local_shuffle(seed=3)
-    assert train.share_records() is not shared
+    alone = dataset(ctr_files[0][:1], batch_size=7)
+    alone.local_shuffle(seed=3)
+    train.local_shuffle(seed=3)  # records shared before: shuffled into a new memory file
+    shuffled = train._shared
+    assert shuffled is not shared and shuffled.holds(train._store)
+    assert train.share_records() is shuffled  # nothing to copy at the next pass
+    assert train.to_arrow().equals(alone.to_arrow())
+    copy = attach_store(train.schema, os.dup(shuffled.fd), shuffled.layout)
+    assert copy.to_arrow().equals(alone.to_arrow())
     train.set_filelist([str(ctr_files[0][1])])
-    shuffled = train.share_records()
     train.load_into_memory()  # appended to the shared store
     assert train.share_records() is not shuffled
     assert train.to_arrow().num_rows == 6000

@@ -16,8 +16,8 @@ from torch import nn
 from datafeed import Ragged
 from trainer.nn import SparseEmbedding
 from trainer.ps import ParameterServerRuntime, load_local, sparse, table_files
-from trainer.ps.optim import OptimizerSpec
 from trainer.ps._rows import ROW_STATS_DTYPE, pull_rows
+from trainer.ps.optim import OptimizerSpec
 from trainer.ps.table import IdIndex, SparseTable, as_u64, shard_of
 from trainer.role import ClusterRole
 
