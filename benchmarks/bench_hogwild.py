@@ -207,7 +207,13 @@ def main() -> None:
     text = table(args, runs)
     print(text)
     if not args.no_write:
-        RESULTS.write_text(text)
+        # Hand-written notes below the marker survive a rerun.
+        old = RESULTS.read_text() if RESULTS.exists() else ""
+        notes = old[old.index(NOTES_MARKER):] if NOTES_MARKER in old else ""
+        RESULTS.write_text(text + ("\n" + notes if notes else ""))
+
+
+NOTES_MARKER = "<!-- notes below are hand-written; bench_hogwild.py keeps them -->"
 
 
 if __name__ == "__main__":
