@@ -78,26 +78,33 @@ def unpool_rows(const float[:, ::1] grad, const int64_t[::1] inverse, offsets, b
     cdef const int64_t[::1] bounds = offsets if offsets is not None else inverse
     out_array = np.zeros((count, dim), dtype=np.float32)
     cdef float[:, ::1] out = out_array
-    cdef Py_ssize_t r, v, j, start, stop
+    if count and dim:
+        with nogil:
+            _unpool(grad, inverse, bounds, offsets is not None, mean, records, &out[0, 0])
+    return out_array
+
+
+cdef void _unpool(const float[:, ::1] grad, const int64_t[::1] positions,
+                  const int64_t[::1] bounds, bint ragged, bint mean, Py_ssize_t records,
+                  float* out) noexcept nogil:
+    """``unpool_rows``' loop: adds into ``out`` (row-major [rows, dim], zeroed)."""
+    cdef Py_ssize_t r, v, j, start, stop, dim = grad.shape[1]
     cdef int64_t u
     cdef float length
-    cdef bint ragged = offsets is not None
-    with nogil:
-        for r in range(records):
-            if ragged:
-                start, stop = bounds[r], bounds[r + 1]
+    for r in range(records):
+        if ragged:
+            start, stop = bounds[r], bounds[r + 1]
+        else:
+            start, stop = r, r + 1
+        length = <float>(stop - start)
+        for v in range(start, stop):
+            u = positions[v]
+            if mean and stop - start > 1:
+                for j in range(dim):
+                    out[u * dim + j] += grad[r, j] / length
             else:
-                start, stop = r, r + 1
-            length = <float>(stop - start)
-            for v in range(start, stop):
-                u = inverse[v]
-                if mean and stop - start > 1:
-                    for j in range(dim):
-                        out[u, j] += grad[r, j] / length
-                else:
-                    for j in range(dim):
-                        out[u, j] += grad[r, j]
-    return out_array
+                for j in range(dim):
+                    out[u * dim + j] += grad[r, j]
 
 
 cdef Py_ssize_t _records_of(const int64_t[::1] inverse, offsets, Py_ssize_t count) except -1:
@@ -123,41 +130,30 @@ def adagrad_rows(float[:, ::1] weights, float[:, ::1] state_sum, int64_t[::1] ro
     """torch.optim.Adagrad's step (lr_decay 0) on ``weights[rows]`` in place,
     ``state_sum`` its squared-gradient sums. ``rows`` must be distinct. Given
     ``records`` (ROW_STATS_DTYPE), each row is flagged changed there."""
-    cdef Py_ssize_t i, dim = weights.shape[1]
-    cdef int64_t row
-    _check_rows(weights, rows, grads)
-    if state_sum.shape[0] < weights.shape[0] or state_sum.shape[1] != dim:
+    if state_sum.shape[0] < weights.shape[0] or state_sum.shape[1] != weights.shape[1]:
         raise ValueError(
             f"Adagrad state of shape ({state_sum.shape[0]}, {state_sum.shape[1]}) does not "
-            f"fit weights of shape ({weights.shape[0]}, {dim})"
+            f"fit weights of shape ({weights.shape[0]}, {weights.shape[1]})"
         )
-    raw_records = _record_bytes(records)
-    cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = NULL
-    if records is not None:
-        stats = _records(records, raw)
-        _check_record_rows(records, rows, False)
-    with nogil:
-        for i in range(rows.shape[0]):
-            if i + _AHEAD < rows.shape[0]:
-                row = rows[i + _AHEAD]
-                __builtin_prefetch(&weights[row, 0])
-                __builtin_prefetch(&state_sum[row, 0])
-                if stats != NULL:
-                    __builtin_prefetch(stats + row)
-            row = rows[i]
-            if stats != NULL:
-                stats[row].changed = 1
-            _adagrad_row(&weights[row, 0], &state_sum[row, 0], &grads[i, 0], dim, lr, eps,
-                         weight_decay)
+    _update_rows(weights, state_sum, rows, grads, lr, eps, weight_decay, records)
 
 
 def sgd_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads, float lr,
              float weight_decay, records=None):
     """torch.optim.SGD's step (no momentum) on ``weights[rows]`` in place.
     Given ``records`` (ROW_STATS_DTYPE), each row is flagged changed there."""
+    _update_rows(weights, None, rows, grads, lr, 0.0, weight_decay, records)
+
+
+cdef _update_rows(float[:, ::1] weights, state_sum, int64_t[::1] rows, float[:, ::1] grads,
+                  float lr, float eps, float weight_decay, records):
+    """``adagrad_rows`` (``state_sum`` given, its shape checked) or ``sgd_rows`` (None)."""
     cdef Py_ssize_t i, dim = weights.shape[1]
     cdef int64_t row
+    cdef float[:, ::1] state
+    cdef bint adagrad = state_sum is not None
+    if adagrad:
+        state = state_sum
     _check_rows(weights, rows, grads)
     raw_records = _record_bytes(records)
     cdef uint8_t[::1] raw = raw_records
@@ -170,12 +166,18 @@ def sgd_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads, floa
             if i + _AHEAD < rows.shape[0]:
                 row = rows[i + _AHEAD]
                 __builtin_prefetch(&weights[row, 0])
+                if adagrad:
+                    __builtin_prefetch(&state[row, 0])
                 if stats != NULL:
                     __builtin_prefetch(stats + row)
             row = rows[i]
             if stats != NULL:
                 stats[row].changed = 1
-            _sgd_row(&weights[row, 0], &grads[i, 0], dim, lr, weight_decay)
+            if adagrad:
+                _adagrad_row(&weights[row, 0], &state[row, 0], &grads[i, 0], dim, lr, eps,
+                             weight_decay)
+            else:
+                _sgd_row(&weights[row, 0], &grads[i, 0], dim, lr, weight_decay)
 
 
 def push_pooled(float[:, ::1] weights, state_sum, const int64_t[::1] rows,
@@ -217,25 +219,10 @@ def push_pooled(float[:, ::1] weights, state_sum, const int64_t[::1] rows,
     if scratch == NULL:
         raise MemoryError()
     cdef const int64_t[::1] bounds = offsets if offsets is not None else positions
-    cdef bint ragged = offsets is not None
-    cdef Py_ssize_t r, v, j, start, stop
     cdef int64_t row
-    cdef float length
     with nogil:
-        for r in range(records_count):  # unpool_rows' loop
-            if ragged:
-                start, stop = bounds[r], bounds[r + 1]
-            else:
-                start, stop = r, r + 1
-            length = <float>(stop - start)
-            for v in range(start, stop):
-                u = positions[v]
-                if mean and stop - start > 1:
-                    for j in range(dim):
-                        scratch[u * dim + j] += grad[r, j] / length
-                else:
-                    for j in range(dim):
-                        scratch[u * dim + j] += grad[r, j]
+        if dim:
+            _unpool(grad, positions, bounds, offsets is not None, mean, records_count, scratch)
         for u in range(count):
             row = rows[u]
             if row < 0:
