@@ -77,7 +77,7 @@ def share_store(store: RecordStore) -> tuple[RecordStore, SharedRecords]:
             raise TypeError(
                 f"records with {array.dtype} values cannot be shared between processes"
             )
-    file = _MemoryFile(sum(_placed(a.nbytes) for a in arrays))
+    file = _MemoryFile(sum(_room(a.nbytes) for a in arrays))
     try:
         chunks = []
         for chunk in store.chunks:
@@ -103,8 +103,8 @@ def shuffled(store: RecordStore, seed: int, threads: int) -> tuple[RecordStore, 
     # Room for every array the gather makes: no more values than the parts
     # hold, offsets of at most 8 bytes.
     size = sum(
-        sum(_placed(chunk.columns[i].values.nbytes) for chunk in store.chunks)
-        + _placed(8 * (rows + 1)) for i in range(len(store.schema))
+        sum(_room(chunk.columns[i].values.nbytes) for chunk in store.chunks)
+        + _room(8 * (rows + 1)) for i in range(len(store.schema))
     )
     file = _MemoryFile(size)
     try:
@@ -117,6 +117,11 @@ def shuffled(store: RecordStore, seed: int, threads: int) -> tuple[RecordStore, 
 
 def _placed(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _room(nbytes: int) -> int:
+    """What an array of ``nbytes`` takes of a memory file (an empty one too)."""
+    return _placed(max(nbytes, 1))
 
 
 class _MemoryFile:
@@ -147,7 +152,8 @@ class _MemoryFile:
                     f"records' memory file: {count * dtype.itemsize} bytes more do not fit "
                     f"its {self.size} (at {offset})"
                 )
-            self._used = offset + count * dtype.itemsize
+            # An empty array takes a byte too: ``share`` finds arrays by their place.
+            self._used = offset + max(count * dtype.itemsize, 1)
             self._places.append([offset, dtype.str, count])
         return np.frombuffer(self._memory, dtype=dtype, count=count, offset=offset).reshape(shape)
 

@@ -462,6 +462,28 @@ def test_shared_records_are_the_records_and_follow_their_changes(ctr_files):
     assert train.to_arrow().num_rows == 6000
 
 
+def test_a_slot_without_values_is_shared_as_itself(ctr_files):
+    """An empty array takes no bytes of the memory file, yet keeps a place of
+    its own in the layout (a store whose ids are all empty, shuffled)."""
+    from datafeed.columns import RecordChunk, SlotColumn
+    from datafeed.shared_records import attach_store, share_store, shuffled
+    from datafeed.store import RecordStore
+
+    schema = dataset(ctr_files[0][:1]).schema
+    columns = (
+        SlotColumn(np.zeros(0, np.int64), np.zeros(4, np.int64), 0),  # ids: none in 3 records
+        SlotColumn(np.arange(3, dtype=np.float32), None, 1),
+        SlotColumn(np.ones(3, dtype=np.float32), None, 1),
+    )
+    store = RecordStore(schema, [RecordChunk(columns, 3)])
+    for shared, handle in (share_store(store), shuffled(store, seed=1, threads=1)):
+        copy = attach_store(schema, os.dup(handle.fd), handle.layout)
+        assert copy.to_arrow().equals(shared.to_arrow())
+        assert copy.to_arrow().column("ids").to_pylist() == [[], [], []]
+        ids = copy.chunks[0].columns[0]
+        assert ids.values.shape == (0,) and ids.offsets.tolist() == [0, 0, 0, 0]
+
+
 # -- where threads run instead -----------------------------------------------------------
 
 
