@@ -143,9 +143,9 @@ class SparseEmbedding(nn.Module):
             ids = ids.view(torch.int64)
         training = self.training and torch.is_grad_enabled()
         store = sparse.current_store()
-        started = time.perf_counter()
         if training and store is sparse.local_store() and ids.is_cpu:
             # This process's tables: the ids made distinct in the pull's own pass.
+            started = time.perf_counter()
             unique, rows, positions = store.pull_values(self.config, ids.reshape(-1))
         else:
             unique, inverse = sparse.distinct(ids)

@@ -32,6 +32,7 @@ from ._rows import unique_inverse
 from .entries import CtrAccessorParam, EntryAttr
 from .optim import OptimizerSpec
 from .step_rows import (
+    PulledRows,
     pull_distinct_numbered,
     pull_numbered,
     push_numbered,
@@ -236,10 +237,7 @@ class LocalStore:
         if not training:
             return table.pull(ids, create=False)
         rows, pulled = pull_numbered(table, ids)
-        numbered = getattr(_pulled_here, "tables", None)
-        if numbered is None:
-            numbered = _pulled_here.tables = {}
-        numbered[config.name] = pulled
+        _keep_pull(config.name, pulled)
         return rows
 
     def pull_values(
@@ -252,10 +250,7 @@ class LocalStore:
         the push of the distinct ids' tensor."""
         table = self.table(config)
         unique, positions, rows, pulled = pull_distinct_numbered(table, values.numpy())
-        numbered = getattr(_pulled_here, "tables", None)
-        if numbered is None:
-            numbered = _pulled_here.tables = {}
-        numbered[config.name] = pulled
+        _keep_pull(config.name, pulled)
         pulled.source = torch.from_numpy(unique.view(np.int64))
         return pulled.source, rows, positions
 
@@ -301,6 +296,14 @@ class LocalStore:
 
 # Each thread's last training pull of each local table (its row numbers).
 _pulled_here = threading.local()
+
+
+def _keep_pull(name: str, pulled: PulledRows) -> None:
+    numbered = getattr(_pulled_here, "tables", None)
+    if numbered is None:
+        numbered = _pulled_here.tables = {}
+    numbered[name] = pulled
+
 _local_store = LocalStore()
 _store: RowStore = _local_store
 

@@ -54,10 +54,7 @@ def pull_numbered(table: SparseTable, ids: np.ndarray | torch.Tensor) -> tuple[
     with table._lock:
         rows = table._seen(ids, out)
         stamp = table.renumbered
-    present = rows >= 0
-    if not present.all():
-        # As SparseTable.pull: the initial value, or zeros while not admitted.
-        out[~present] = table.init_rows(ids[~present]) if table.entry is None else 0.0
+    _fill_absent(table, ids, rows, out)
     return torch.from_numpy(out), PulledRows(ids, rows, stamp)
 
 
@@ -78,10 +75,16 @@ def pull_distinct_numbered(table: SparseTable, values: np.ndarray) -> tuple[
             table._add_missing(unique, rows, out, tick)
         stamp = table.renumbered
     if missing:
-        absent = rows < 0  # not admitted: zeros, as SparseTable.pull
-        if absent.any():
-            out[absent] = table.init_rows(unique[absent]) if table.entry is None else 0.0
+        _fill_absent(table, unique, rows, out)
     return unique, inverse, out, PulledRows(unique, rows, stamp)
+
+
+def _fill_absent(table: SparseTable, ids: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """The rows of ids left without one (-1) read as SparseTable.pull's: the
+    initial value, or zeros while not admitted."""
+    absent = rows < 0
+    if absent.any():
+        out[absent] = table.init_rows(ids[absent]) if table.entry is None else 0.0
 
 
 def push_numbered(table: SparseTable, grads: torch.Tensor, pulled: PulledRows) -> None:
