@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import sys
 import threading
+import traceback
 from collections import Counter
 
 import numpy as np
@@ -145,7 +147,16 @@ def test_threads_run_their_forwards_at_the_same_time(caplog):
     class Meeting(CtrModel):
         def forward(self, batch):
             if len(met) < 2:  # each thread's first forward waits for the other's
-                met.append(meeting.wait())
+                try:
+                    met.append(meeting.wait())
+                except threading.BrokenBarrierError:
+                    # Rare on a loaded machine (twice in many suite runs): say
+                    # where every thread was, to find what held the other one.
+                    stacks = "".join(
+                        f"\n-- thread {ident}:\n" + "".join(traceback.format_stack(frame))
+                        for ident, frame in sys._current_frames().items()
+                    )
+                    raise AssertionError(f"the other trainer never met this one:{stacks}")
             return super().forward(batch)
 
     model = Meeting()
