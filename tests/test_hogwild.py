@@ -149,14 +149,15 @@ def test_threads_run_their_forwards_at_the_same_time(caplog):
             if len(met) < 2:  # each thread's first forward waits for the other's
                 try:
                     met.append(meeting.wait())
-                except threading.BrokenBarrierError:
+                except threading.BrokenBarrierError as broken:
                     # Rare on a loaded machine (twice in many suite runs): say
                     # where every thread was, to find what held the other one.
                     stacks = "".join(
                         f"\n-- thread {ident}:\n" + "".join(traceback.format_stack(frame))
                         for ident, frame in sys._current_frames().items()
                     )
-                    raise AssertionError(f"the other trainer never met this one:{stacks}")
+                    message = f"the other trainer never met this one:{stacks}"
+                    raise AssertionError(message) from broken
             return super().forward(batch)
 
     model = Meeting()
