@@ -7,10 +7,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetfeed-installed
-SOURCES := setup.py pyproject.toml $(wildcard datafeed/*.pyx datafeed/*.pxd generators/*.pyx generators/*.pxd trainer/ps/*.pyx trainer/ps/*.pxd)
+# Every .pyx/.pxd of the three packages, at any depth.
+CYTHON_SOURCES := $(shell find datafeed generators trainer -name '*.pyx' -o -name '*.pxd')
+SOURCES := setup.py pyproject.toml $(CYTHON_SOURCES)
 # The linters `make lint` runs, pinned: a new release's new rules must not fail CI.
 LINTERS := ruff==0.17.6 cython-lint==0.22.1
-CYTHON_FILES := $(sort $(wildcard datafeed/*.pyx datafeed/*.pxd generators/*.pyx generators/*.pxd trainer/ps/*.pyx trainer/ps/*.pxd))
+CYTHON_FILES := $(sort $(CYTHON_SOURCES))
 
 .PHONY: all install build demo lint test test-pythons smoke-oldest bench bench-paddle bench-paddle-ps bench-ps clean
 
@@ -67,7 +69,7 @@ test-pythons:
 # torch, the extensions compiled for that interpreter. Skipped if it is absent.
 OLDEST_PYTHON := $(firstword $(SUPPORTED_PYTHONS))
 SMOKE_VENV := .venv-smoke-$(OLDEST_PYTHON)
-SMOKE_TESTS := tests/test_parse.py tests/test_cache.py tests/test_cli.py tests/test_process.py
+SMOKE_TESTS := $(addprefix tests/datafeed/,test_parse.py test_cache.py test_cli.py test_process.py)
 smoke-oldest:
 	@py=$(call find_python,$(OLDEST_PYTHON)); \
 	if [ -z "$$py" ]; then echo "== Python $(OLDEST_PYTHON): not installed, smoke skipped"; exit 0; fi; \
@@ -114,4 +116,5 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_global_shuffle.py
 
 clean:
-	rm -rf build *.egg-info datafeed/_*.c generators/_*.c trainer/ps/_*.c datafeed/*.so generators/*.so trainer/ps/*.so
+	rm -rf build *.egg-info
+	find datafeed generators trainer \( -name '*.c' -o -name '*.so' \) -delete

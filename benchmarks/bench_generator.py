@@ -5,7 +5,7 @@ Runs ``readers/criteo_reader.py`` as a real generator process,
 fleetfeed and Paddle read it, with the base class taken from:
 
 * ``fleetfeed``: ``generators.MultiSlotDataGenerator``;
-* ``oracle``: ``tests/paddle_generator_oracle.py``, the plain-Python model of
+* ``oracle``: ``tests/helpers/paddle_generator_oracle.py``, the plain-Python model of
   Paddle's class (what a straight port would cost);
 * ``paddle``: Paddle 3.3.1's ``paddle.distributed.fleet.MultiSlotDataGenerator``
   in its own Python (``--paddle-python``);
@@ -257,7 +257,7 @@ def make_contenders(paddle_python: str | None) -> list[Contender]:
     contenders = [
         Contender("fleetfeed", sys.executable, "fleetfeed", str(ROOT)),
         Contender(
-            "oracle (Paddle's model)", sys.executable, "oracle", str(ROOT / "tests")
+            "oracle (Paddle's model)", sys.executable, "oracle", str(ROOT / "tests" / "helpers")
         ),
     ]
     if paddle_python is not None:

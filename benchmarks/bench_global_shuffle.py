@@ -28,11 +28,11 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from datafeed import Slot
-from datafeed.columns import RecordChunk, SlotColumn
-from datafeed.global_shuffle import global_shuffle
-from datafeed.memory import release_free_memory
-from datafeed.slots import SlotSchema
-from datafeed.store import RecordStore
+from datafeed.config.slots import SlotSchema
+from datafeed.records.columns import RecordChunk, SlotColumn
+from datafeed.records.memory import release_free_memory
+from datafeed.records.store import RecordStore
+from datafeed.reorder.global_shuffle import global_shuffle
 
 SCHEMA = SlotSchema(
     [Slot("dense_input", "float32", (13,))]

@@ -1,7 +1,7 @@
 """Hogwild trainers: records/s, CPU time and held-out AUC of thread=1 vs thread=N.
 
 ``train_from_dataset(thread=N, hogwild=True)`` on an InMemoryDataset runs N
-processes sharing memory (trainer/hogwild_processes.py); on any other
+processes sharing memory (trainer/loop/hogwild_processes.py); on any other
 iterable of batches, N threads. Each N > 1 runs both ways: the dataset
 itself (processes) and a generator over it (threads).
 

@@ -1,7 +1,7 @@
 """Records/s of the wide&deep PS job (2 servers + 2 workers) on two "hosts"
 against the same job on one host, runs alternating.
 
-The hosts are network namespaces on this machine (as in tests/test_multihost.py):
+The hosts are network namespaces on this machine (as in tests/trainer/test_multihost.py):
 two hosts, each with one veth interface (10.77.2.1, 10.77.3.1) joined by the
 pair, each running 1 server + 1 worker under its own fleetrun; one host, a
 namespace with one veth interface (10.77.2.1) running all four processes under
@@ -79,7 +79,7 @@ def run_job(
               "--data", os.path.join(work, "data")]
     processes = [
         subprocess.Popen(
-            host.enter(sys.executable, "-m", "trainer.launch", *endpoints,
+            host.enter(sys.executable, "-m", "trainer.job.launch", *endpoints,
                        "--log_dir", os.path.join(work, f"{log}{i}"), *script),
             cwd=work, env=env, stdout=subprocess.DEVNULL,
         )

@@ -6,10 +6,10 @@ dense slot; 26 sparse slots ``1 <id up to 1e6>``), caches them under
 benchmarks/data/, and measures, each contender in its own process:
 
 * ``1-thread``: one ChunkParser fed 4 MiB views of the text (the caller keeps
-  the unconsumed tail, as datafeed.readers does), a chunk taken after each feed;
+  the unconsumed tail, as datafeed.source.readers does), a chunk taken after each feed;
 * ``2-threads``: the same on two threads, each parsing one half (the GIL is
   released while parsing, so this should approach twice the rate);
-* ``reference``: the pure-Python oracle of tests/reference_parser.py on the
+* ``reference``: the pure-Python oracle of tests/helpers/reference_parser.py on the
   first 20,000 lines, for scale.
 
 Prints lines/s, MB/s (median of 3 runs) and peak RSS per contender.
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from datafeed import Slot, SlotSchema
-from datafeed.parsing import ChunkParser
+from datafeed.parse.parsing import ChunkParser
 
 DATA_DIR = ROOT / "benchmarks" / "data"
 FEED_BYTES = 4 * 2**20
@@ -74,7 +74,7 @@ def load_text(lines: int) -> bytes:
 
 
 def parse_all(data: memoryview, source: str, schema: SlotSchema = SCHEMA) -> int:
-    """Parses ``data`` as datafeed.readers does; returns the records parsed."""
+    """Parses ``data`` as datafeed.source.readers does; returns the records parsed."""
     parser = ChunkParser(schema, source)
     start = 0
     while start < len(data):
@@ -118,7 +118,7 @@ def contender(name: str, lines: int, runs: int) -> dict[str, float]:
     expected = data.count(b"\n")
     cpu, wall = time.process_time(), time.perf_counter()
     if name == "reference":
-        sys.path.insert(0, str(ROOT / "tests"))
+        sys.path.insert(0, str(ROOT / "tests" / "helpers"))
         import reference_parser
 
         data = data[: data.index(b"\n", len(data) * 20_000 // lines) + 1]

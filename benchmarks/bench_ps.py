@@ -104,8 +104,9 @@ def job_main(config: dict) -> None:
 
     from datafeed import InMemoryDataset
     from trainer import Executor
-    from trainer.ps import ParameterServerRuntime, sparse
-    from trainer.role import ClusterRole, Role
+    from trainer.embedding import stores
+    from trainer.job.role import ClusterRole, Role
+    from trainer.ps import ParameterServerRuntime
 
     torch.set_num_threads(1)
     role = ClusterRole(
@@ -139,7 +140,7 @@ def job_main(config: dict) -> None:
 
     train = load([config["files"][role.index]], config["batch_size"])
     runtime.init_worker()
-    store = sparse.current_store()
+    store = stores.current_store()
     pull_time = [0.0]
     real_pull = store.pull
 

@@ -68,17 +68,18 @@ def checkpoint_times(args: argparse.Namespace) -> str:
     import numpy as np
     import torch
 
+    from trainer.embedding import stores
+    from trainer.job.role import ClusterRole
     from trainer.nn import SparseEmbedding
-    from trainer.ps import ParameterServerRuntime, sparse
+    from trainer.ps import ParameterServerRuntime
     from trainer.ps.server import ParameterServer
-    from trainer.role import ClusterRole
 
     torch.set_num_threads(1)
     emb = SparseEmbedding(8, "bench_ckpt", optimizer={"type": "adagrad", "lr": 0.05})
     runtime = ParameterServerRuntime(ClusterRole.local())
     bias = torch.nn.Parameter(torch.zeros(8))
-    runtime.distributed_optimizer(torch.optim.Adagrad([bias], lr=0.05))
-    table = sparse.local_store().table(emb.config)
+    runtime.distributed_optimizer(torch.optim.Adagrad([bias], lr=0.05), model=emb)
+    table = stores.local_store().table(emb.config)
     ids = np.random.default_rng(0).integers(0, 2**63, args.rows, dtype=np.int64)
     for start in range(0, args.rows, 100_000):  # rows with Adagrad state, as training leaves them
         chunk = torch.from_numpy(ids[start:start + 100_000])
@@ -91,11 +92,11 @@ def checkpoint_times(args: argparse.Namespace) -> str:
             t = time.perf_counter()
             runtime.save_persistables(path)
             times.setdefault("save (local, 1 shard)", []).append(time.perf_counter() - t)
-            sparse.local_store().clear()
+            stores.local_store().clear()
             t = time.perf_counter()
             runtime.load_persistables(path)
             times.setdefault("load (local)", []).append(time.perf_counter() - t)
-            if len(sparse.local_store().table(emb.config)) != args.rows:
+            if len(stores.local_store().table(emb.config)) != args.rows:
                 raise RuntimeError("the restored table lost rows")
             # Re-shard: 3 servers each read the checkpoint and keep their ids.
             t = time.perf_counter()
@@ -111,7 +112,7 @@ def checkpoint_times(args: argparse.Namespace) -> str:
                 time.perf_counter() - t)
             if kept != args.rows:
                 raise RuntimeError(f"re-sharding kept {kept} rows of {args.rows}")
-    sparse.local_store().clear()
+    stores.local_store().clear()
     lines = [f"| {args.rows:,} rows x dim 8, Adagrad | seconds (median of {args.repeats}) "
              "| rows/s |", "|---|---:|---:|"]
     for what, values in times.items():

@@ -10,7 +10,7 @@ on heldout.txt (20,000 lines).
 Rows:
 * local thread=1, thread=2: one process, Adagrad lr 0.1 on every parameter.
   fleetfeed: ``train_from_dataset(thread=N, hogwild=N > 1)`` (Hogwild
-  processes on the InMemoryDataset: trainer/hogwild_processes.py) with
+  processes on the InMemoryDataset: trainer/loop/hogwild_processes.py) with
   ``torch.set_num_threads(1)`` (as bench_hogwild.py: torch's intra-op pool on
   2 busy cores costs 17x CPU per batch); the sparse tables in process through
   ``fleet.distributed_optimizer``. Paddle 3.3.1 (.venv-paddle33):
@@ -85,9 +85,9 @@ PHASES = ("data_wait", "forward", "pull", "backward", "step", "optimizer", "push
 
 def cpu_seconds() -> float:
     """CPU time of this process and of its children: those reaped, and the
-    Hogwild trainer processes waiting between passes (trainer/hogwild_processes.py),
+    Hogwild trainer processes waiting between passes (trainer/loop/hogwild_processes.py),
     all threads."""
-    from trainer import hogwild_processes
+    from trainer.loop import hogwild_processes
 
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     seconds = time.process_time() + children.ru_utime + children.ru_stime
@@ -164,15 +164,15 @@ def timed_method(owner, name: str, totals: dict, key: str) -> None:
 def train_epochs(model, dataset, optimizer, config: dict, threads: int, seed: int) -> dict:
     """``epochs`` passes (untimed local_shuffle + timed train_from_dataset); the figures."""
     from trainer import Executor
-    from trainer.ps import sparse
+    from trainer.embedding import stores
 
     totals = dict.fromkeys(PHASES, 0.0)
     # Fallbacks for a RunSummary without pull/optimizer/push timings (before
-    # trainer/ps/step_clock.py): the row store's calls, timed from outside.
+    # trainer/loop/step_clock.py): the row store's calls, timed from outside.
     wrapped = {"pull": 0.0, "push": 0.0}
-    store = sparse.current_store()
+    store = stores.current_store()
     timed_method(store, "pull", wrapped, "pull")
-    if store is sparse.local_store():
+    if store is stores.local_store():
         timed_method(store, "push", wrapped, "push")
     else:
         timed_method(store, "apply", wrapped, "push")  # GEO's local copy
@@ -238,8 +238,8 @@ def ps_job(config: dict) -> None:
     """One process (server or worker) of fleetfeed's small-model PS job."""
     import torch
 
+    from trainer.job.role import ClusterRole, Role
     from trainer.ps import ParameterServerRuntime
-    from trainer.role import ClusterRole, Role
 
     torch.set_num_threads(1)
     role = ClusterRole(

@@ -38,9 +38,10 @@ if not any(Path(p, "trainer").is_dir() for p in sys.path[1:] if p):
 import numpy as np
 import torch
 
-from trainer.ps import checkpoint, table_files
-from trainer.ps.optim import OptimizerSpec
-from trainer.ps.table import SparseTable
+from trainer.ps.checkpoint import directory as checkpoint
+from trainer.ps.checkpoint import table_files
+from trainer.ps.tables.optim import OptimizerSpec
+from trainer.ps.tables.table import SparseTable
 
 DIM = 8
 

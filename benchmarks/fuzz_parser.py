@@ -1,6 +1,6 @@
 """Longer mutation fuzzing of the parser: several seeds, one subprocess each.
 
-Each subprocess runs tests/parser_fuzz.py (the Cython parser against the
+Each subprocess runs tests/helpers/parser_fuzz.py (the Cython parser against the
 reference parser on mutated MultiSlot text, raise and skip modes) for the given
 time; a crash is a non-zero exit, a hang the timeout. Prints the counts and
 writes the "fuzz" section of benchmarks/RESULTS.md.

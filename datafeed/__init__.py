@@ -6,9 +6,7 @@ them, ``QueueDataset`` streams them; both hand out ``Batch`` objects of torch
 tensors. ``import datafeed`` does not import torch (the batch stage does, on use).
 """
 
-from .batch import Batch, Ragged
-from .dataset import DatasetBase, DatasetFactory, InMemoryDataset, QueueDataset
-from .errors import (
+from .config.errors import (
     AccountingError,
     CacheError,
     DatafeedError,
@@ -18,10 +16,15 @@ from .errors import (
     SchemaError,
     StateError,
 )
-from .fs import list_files
-from .slots import Slot, SlotSchema
-from .spec import format_slots, parse_slots
-from .stats import FileStats, LoadStats
+from .config.slots import Slot, SlotSchema
+from .config.spec import format_slots, parse_slots
+from .datasets.dataset_base import DatasetBase
+from .datasets.factory import DatasetFactory
+from .datasets.inmemory import InMemoryDataset
+from .datasets.queue_dataset import QueueDataset
+from .iterate.batch import Batch, Ragged
+from .records.stats import FileStats, LoadStats
+from .source.fs import list_files
 
 __all__ = [
     "AccountingError",

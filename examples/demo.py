@@ -115,7 +115,7 @@ def train_wide_and_deep(out: str, lines: int) -> None:
     print("== 5. train: fleetrun --server_num=1 --worker_num=2 examples/wide_and_deep_ps/train.py")
     started = time.perf_counter()
     command = [
-        sys.executable, "-m", "trainer.launch", "--server_num=1", "--worker_num=2",
+        sys.executable, "-m", "trainer.job.launch", "--server_num=1", "--worker_num=2",
         f"--log_dir={log_dir}", WIDE_AND_DEEP,
         "--data", os.path.join(out, "wide_and_deep_data"), "--lines", str(lines),
     ]

@@ -9,13 +9,9 @@ nothing heavy: no torch, numpy or pyarrow.
 for code that checks and formats samples itself (datafeed's in-process path).
 """
 
-from generators._format import SampleFormatter
-from generators._sample_checks import SampleError
-from generators.data_generator import (
-    DataGenerator,
-    MultiSlotDataGenerator,
-    MultiSlotStringDataGenerator,
-)
+from ._format import SampleFormatter
+from ._sample_checks import SampleError
+from .data_generator import DataGenerator, MultiSlotDataGenerator, MultiSlotStringDataGenerator
 
 __all__ = [
     "DataGenerator",

@@ -215,7 +215,7 @@ cdef void note_input_line(object error, Py_ssize_t line_number, object line,
 
 cdef void _add_note(object error, str note):
     # BaseException.add_note is 3.11+; on 3.10 keep the note where 3.11 does.
-    # (datafeed.errors.add_note does the same; a generator process must not
+    # (datafeed.config.errors.add_note does the same; a generator process must not
     # import datafeed.)
     if sys.version_info >= (3, 11):
         error.add_note(note)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 
-from generators._format import SampleFormatter, run_generator
+from ._format import SampleFormatter, run_generator
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs import time in every generator process

@@ -19,9 +19,9 @@ from .job.errors import (
     WorkerFailedError,
 )
 from .job.role import ClusterRole, Role
+from .job.role_maker import PaddleCloudRoleMaker, RoleMakerBase, UserDefinedRoleMaker
 from .job.strategy import DistributedStrategy
 from .metrics import StreamingAUC, auc
-from .role_maker import PaddleCloudRoleMaker, RoleMakerBase, UserDefinedRoleMaker
 
 if TYPE_CHECKING:
     from .executor import Executor, RunSummary

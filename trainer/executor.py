@@ -11,9 +11,9 @@ parallel and step one at a time: forward, backward and ``step()`` under one lock
 With ``hogwild=True`` training is Hogwild, as Paddle's threads are: each trainer
 runs its forward, backward and update at the same time as the others, takes its
 own gradients and applies them to the shared parameters without a lock
-(trainer/hogwild.py), and trains the sparse tables with the rows it pulled
+(trainer/loop/hogwild.py), and trains the sparse tables with the rows it pulled
 itself. On an ``InMemoryDataset`` the trainers are processes sharing memory
-(trainer/hogwild_processes.py: Python's GIL lets threads overlap only inside
+(trainer/loop/hogwild_processes.py: Python's GIL lets threads overlap only inside
 torch's ops); elsewhere, and where processes cannot serve, threads. That needs
 an optimizer whose update can run so: ``SGD``, ``Adagrad``, ``Adam`` or ``AdamW``, plain or through
 ``fleet.distributed_optimizer`` in local mode; any other optimizer, and the
@@ -25,7 +25,7 @@ Every ``print_period`` batches it prints Paddle's line to stdout:
 ``time: [2024-01-01 12:00:00], batch: [100], loss[1]:[0.693]``.
 
 This module checks the arguments and runs the pass; the threads, the loop and
-its counters are trainer/train_loop.py's.
+its counters are trainer/loop/train_loop.py's.
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ from typing import Any
 
 import torch
 
-from datafeed.memory import release_free_memory
+from datafeed.records.memory import release_free_memory
 
-from . import fleet, hogwild_processes
+from . import fleet
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
-from .run_summary import RunSummary, input_stats, log_summary
-from .train_loop import DatasetPass, debug_line, hogwild_step, log_once
+from .loop import hogwild_processes
+from .loop.run_summary import RunSummary, input_stats, log_summary
+from .loop.train_loop import DatasetPass, debug_line, hogwild_step, log_once
 
 __all__ = ["Executor", "FetchHandler", "RunSummary"]
 
@@ -98,7 +99,7 @@ class Executor:
                 On an ``InMemoryDataset`` they are processes (this one and
                 ``thread - 1`` forked ones sharing parameters, optimizer state
                 and sparse tables, which wait for the next pass:
-                trainer/hogwild_processes.py), elsewhere
+                trainer/loop/hogwild_processes.py), elsewhere
                 threads, which Python's GIL lets run no faster than one on a
                 small model (docs/training_speed.md); ``RunSummary.hogwild``
                 says which ran. Opt-in: on examples/mlp_local (a dense
@@ -222,13 +223,16 @@ class Executor:
             model, optimizer, names, labels, print_period, debug,
             None if periodic else fetch_handler, train,
             self.place if self.place is not None else _model_device(model),
+            distributed_model=fleet.current().model,
         )
         run.keep_latest = periodic
-        processes, prepared = 0, None
+        processes, process_setup = 0, None
         if train and threads > 1 and hogwild:
             run.hogwild = hogwild_step(optimizer)
             if run.hogwild is not None:
-                reason, prepared = hogwild_processes.prepare(run, dataset, run.hogwild, threads)
+                reason, process_setup = hogwild_processes.prepare(
+                    run, dataset, run.hogwild, threads
+                )
                 if reason is None:
                     processes = threads
                 else:
@@ -244,7 +248,7 @@ class Executor:
         try:
             with monitor or contextlib.nullcontext():  # stopped and joined on failure too
                 if processes:
-                    hogwild_processes.run_processes(run, dataset, processes, prepared)
+                    hogwild_processes.run_processes(run, dataset, processes, process_setup)
                 elif threads == 1:
                     run.work(iterator, main_thread=True)
                 else:

@@ -22,12 +22,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .fleet_tables import TableLifecycle
+from datafeed.source.fs import write_atomically
+
 from .job import restart
 from .job.errors import TrainerError
 from .job.role import ClusterRole
+from .job.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from .job.strategy import DistributedStrategy
-from .role_maker import PaddleCloudRoleMaker, RoleMakerBase
 
 __all__ = [
     "Fleet",
@@ -49,7 +50,9 @@ __all__ = [
     "server_endpoints",
     "server_index",
     "server_num",
-    "set_pass", "shrink", "table_stats",  # trainer/fleet_tables.py
+    "set_pass",
+    "shrink",
+    "table_stats",
     "stop_worker",
     "util",
     "worker_endpoints",
@@ -65,7 +68,7 @@ DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 DATASET_STATE_FILE = "dataset_state.json"
 
 
-class Fleet(TableLifecycle):
+class Fleet:
     """The state behind the module-level functions; one per process (``current()``)."""
 
     def __init__(self) -> None:
@@ -128,7 +131,7 @@ class Fleet(TableLifecycle):
         self._timeout = timeout
         self._runtime, self.optimizer, self.model = None, None, None
         if role.is_collective and role.distributed:
-            from . import collective
+            from .collective import process_group as collective
 
             assert role_maker.master_endpoint is not None  # set by every collective role
             collective.init_collective(
@@ -141,7 +144,7 @@ class Fleet(TableLifecycle):
         role = self._role
         collective_job = role is not None and role.is_collective and role.distributed
         if collective_job or self._ps_worker_group:
-            from . import collective
+            from .collective import process_group as collective
 
             self._ps_worker_group = False
             collective.destroy(wait_for_peers)
@@ -182,7 +185,7 @@ class Fleet(TableLifecycle):
                 "fleetrun sets PADDLE_TRAINER_ENDPOINTS, a UserDefinedRoleMaker takes "
                 "worker_endpoints="
             )
-        from . import collective
+        from .collective import process_group as collective
 
         collective.init_collective(
             role.index, role.worker_num, role.worker_endpoints[0],
@@ -302,12 +305,12 @@ class Fleet(TableLifecycle):
         if self._ps_mode:
             self._get_runtime().barrier_worker()
         elif self.role.is_collective and self.role.distributed:
-            from . import collective
+            from .collective import process_group as collective
 
             collective.barrier()
 
     def distributed_optimizer(
-        self, optimizer: Any, strategy: DistributedStrategy | None = None
+        self, optimizer: Any, strategy: DistributedStrategy | None = None, *, model: Any = None
     ) -> Any:
         """Wraps ``optimizer`` for the job's mode and returns what to call ``step()`` on.
 
@@ -317,8 +320,15 @@ class Fleet(TableLifecycle):
         all-reduces the gradients). Non-distributed: the PS runtime's local mode
         (its ``step()`` also updates the in-process sparse tables).
 
+        The sparse tables are those of the model holding the optimizer's
+        parameters, not every SparseEmbedding alive in the process.
+
         Args:
             strategy: replaces the strategy given to ``init``.
+            model: the ``torch.nn.Module`` whose SparseEmbedding tables the job
+                trains (PS and local mode); needed only when no module holds
+                the optimizer's parameters (a model of SparseEmbedding modules
+                only, trained with a placeholder parameter).
         """
         if strategy is not None:
             if not isinstance(strategy, DistributedStrategy):
@@ -334,10 +344,10 @@ class Fleet(TableLifecycle):
                 logger.warning("the strategy given to distributed_optimizer replaces init()'s")
             self._strategy = strategy
         if self._ps_mode:
-            wrapped = self._get_runtime().distributed_optimizer(optimizer)
+            wrapped = self._get_runtime().distributed_optimizer(optimizer, model)
         elif not self.role.is_collective and _ps_available():
             # Local mode of the PS runtime: sparse tables in this process.
-            wrapped = self._get_runtime().distributed_optimizer(optimizer)
+            wrapped = self._get_runtime().distributed_optimizer(optimizer, model)
         else:
             wrapped = optimizer
         self.optimizer = wrapped
@@ -347,7 +357,7 @@ class Fleet(TableLifecycle):
         """Collective mode: ``DistributedDataParallel(model)``; otherwise ``model``."""
         self.model = model
         if self.role.is_collective and self.role.distributed:
-            from . import collective
+            from .collective import process_group as collective
 
             wrapped = collective.distributed_model(
                 model, find_unused_parameters=self._strategy.find_unused_parameters
@@ -362,10 +372,10 @@ class Fleet(TableLifecycle):
         """Saves what a job needs to continue.
 
         PS mode, and the local mode after ``distributed_optimizer`` (no ``model``
-        given): every sparse table (shard) and the dense parameters, through the
-        parameter-server runtime. Otherwise ``model``'s ``state_dict`` (default:
-        the model given to ``distributed_model``) in ``dirname/model.pt``,
-        written by the first worker only.
+        given): the sparse tables (shards) of the optimizer's model and the dense
+        parameters, through the parameter-server runtime. Otherwise ``model``'s
+        ``state_dict`` (default: the model given to ``distributed_model``) in
+        ``dirname/model.pt``, written by the first worker only.
 
         With ``dataset`` (an InMemoryDataset or QueueDataset), one call
         checkpoints the whole job: every worker must then make it; each first
@@ -394,7 +404,7 @@ class Fleet(TableLifecycle):
             os.makedirs(dirname, exist_ok=True)
             _local_persistables("save", dirname, self._target_model(model))
             for name, data in extra.items():
-                restart.write_atomically(os.path.join(dirname, name), data)
+                write_atomically(os.path.join(dirname, name), data)
         if self.is_first_worker():
             restart.record_checkpoint(dirname, dataset=dataset is not None)
         if dataset is not None:
@@ -416,6 +426,44 @@ class Fleet(TableLifecycle):
             _local_persistables("load", dirname, self._target_model(model))
         if dataset is not None:
             self.load_dataset_state(dataset, dirname)
+
+    # The sparse-table lifecycle (docs/table_lifecycle.md): each call goes to the
+    # parameter-server runtime, which works on the optimizer's model's tables: in
+    # this process in local mode, on every server in a PS job (trainer.ps.lifecycle).
+
+    def _table_runtime(self, what: str) -> Any:
+        if self.role.is_collective and self.role.distributed:
+            raise TrainerError(
+                f"fleet.{what}() concerns SparseEmbedding tables, which a collective job "
+                f"does not have (they live in a parameter-server job, or in local mode)"
+            )
+        return self._get_runtime()
+
+    def set_pass(self, pass_id: int) -> None:
+        """Starts pass (day) ``pass_id`` of every sparse table: rows pulled from
+        now on were seen in it; ``shrink`` counts unseen passes from it. Passes
+        only go forward; setting the current one again does nothing, so every
+        worker may call it with the same number (PS mode: every server's
+        tables; each server logs their rows and bytes).
+
+        Raises:
+            ValueError: ``pass_id`` is before the current pass.
+        """
+        self._table_runtime("set_pass").set_pass(pass_id)
+
+    def shrink(self) -> dict[str, dict[str, int]]:
+        """Paddle's ``fleet.shrink()``: every sparse table, on every server,
+        decays its rows' show and click and drops the rows its
+        ``CtrAccessorParam`` rule selects. Call it from one worker (each call
+        decays again). Returns table name -> ``{"dropped": n, "kept": n}``."""
+        return self._table_runtime("shrink").shrink()
+
+    def table_stats(self) -> dict[str, dict[str, int]]:
+        """Per sparse table, summed over the servers: ``rows``, ``pending``
+        (ids waiting for admission), ``bytes`` (memory held), ``evicted`` (by
+        its ``max_rows`` budget, in all), ``max_rows``, ``pass`` and
+        ``servers``."""
+        return self._table_runtime("table_stats").table_stats()
 
     def load_dataset_state(self, dataset: Any, dirname: str | None = None) -> bool:
         """Puts ``dataset`` (loaded with the same files, not yet shuffled) where
@@ -445,7 +493,7 @@ class Fleet(TableLifecycle):
                 f"worker {self.worker_index()}: {path} does not exist; the checkpoint "
                 "was saved without a dataset"
             )
-        from datafeed.state import read_worker_states
+        from datafeed.iterate.state import read_worker_states
 
         states = read_worker_states(path)
         if len(states) != self.worker_num():
@@ -466,7 +514,7 @@ class Fleet(TableLifecycle):
         mine = json.dumps(dataset.state_dict()).encode()
         if not self.worker_group():
             return [json.loads(mine)]
-        from . import collective
+        from .collective import process_group as collective
 
         return [json.loads(part) for part in collective.all_gather_bytes(mine)]
 
@@ -503,7 +551,7 @@ class UtilBase:
         role = self._fleet.role
         if role.worker_num == 1 and not role.distributed:
             return input
-        from . import collective
+        from .collective import process_group as collective
 
         self._fleet.worker_group()  # PS mode: the workers' own group, formed on first use
         tensor = input if isinstance(input, torch.Tensor) else torch.as_tensor(np.asarray(input))
@@ -558,7 +606,7 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
     if action == "save":
         buffer = io.BytesIO()
         torch.save(model.state_dict(), buffer)
-        restart.write_atomically(path, buffer.getvalue())
+        write_atomically(path, buffer.getvalue())
     else:
         if not os.path.exists(path):
             raise FileNotFoundError(f"load_persistables: {path} does not exist")
@@ -597,4 +645,6 @@ save_persistables = _FLEET.save_persistables
 load_persistables = _FLEET.load_persistables
 load_dataset_state = _FLEET.load_dataset_state
 worker_group = _FLEET.worker_group
-set_pass, shrink, table_stats = _FLEET.set_pass, _FLEET.shrink, _FLEET.table_stats
+set_pass = _FLEET.set_pass
+shrink = _FLEET.shrink
+table_stats = _FLEET.table_stats

@@ -17,17 +17,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from .ps import sparse, step_clock
-from .ps.entries import (
+from .embedding import pending, stores, tables
+from .embedding.tables import DEFAULT_INIT_SCALE, TableConfig
+from .loop import step_clock
+from .ps.tables.entries import (
     CountFilterEntry,
     CtrAccessorParam,
     EntryAttr,
     ProbabilityEntry,
     ShowClickEntry,
 )
-from .ps.optim import OptimizerSpec
-from .ps.pooling import Pooling, pool
-from .ps.sparse import DEFAULT_INIT_SCALE, TableConfig
+from .ps.tables.optim import OptimizerSpec
+from .ps.tables.pooling import Pooling, pool
 
 __all__ = [
     "CountFilterEntry",
@@ -123,7 +124,7 @@ class SparseEmbedding(nn.Module):
             None if optimizer is None else dict(optimizer),
             entry, accessor or CtrAccessorParam(), max_rows,
         )
-        sparse.register(self, self.config)
+        tables.register(self, self.config)
 
     def extra_repr(self) -> str:
         """The dimension, table name and pooling mode, for ``repr(module)``."""
@@ -142,13 +143,13 @@ class SparseEmbedding(nn.Module):
         if ids.dtype == torch.uint64:
             ids = ids.view(torch.int64)
         training = self.training and torch.is_grad_enabled()
-        store = sparse.current_store()
-        if training and store is sparse.local_store() and ids.is_cpu:
+        store = stores.current_store()
+        if training and store is stores.local_store() and ids.is_cpu:
             # This process's tables: the ids made distinct in the pull's own pass.
             started = time.perf_counter()
             unique, rows, positions = store.pull_values(self.config, ids.reshape(-1))
         else:
-            unique, inverse = sparse.distinct(ids)
+            unique, inverse = stores.distinct(ids)
             started = time.perf_counter()
             pulled = store.pull(self.config, unique, training)
             rows = np.ascontiguousarray(pulled.detach().to("cpu", torch.float32).numpy())
@@ -159,7 +160,7 @@ class SparseEmbedding(nn.Module):
                 # One click per id per batch at most, as show counts one per batch.
                 per_id = torch.zeros(unique.shape[0], dtype=torch.float32)
                 per_id[torch.from_numpy(positions)[clicked.reshape(-1)]] = 1.0
-                sparse.add_clicks(self.config, unique, per_id)
+                stores.add_clicks(self.config, unique, per_id)
         return unique, rows, positions, training
 
     def forward(self, x: Any, click: torch.Tensor | None = None) -> torch.Tensor:
@@ -190,9 +191,9 @@ class SparseEmbedding(nn.Module):
         offsets: torch.Tensor | None, shape: tuple[int, ...] | None,
     ) -> torch.Tensor:
         """Each value's row (``offsets`` None; viewed as ``shape``) or each
-        record's rows pooled (trainer/ps/pooling.py). Training: the pooled
+        record's rows pooled (trainer/ps/tables/pooling.py). Training: the pooled
         output is a leaf of its own, and the rows' gradient comes from its
-        gradient when the optimizer pushes (``sparse.take_gradients``), with
+        gradient when the optimizer pushes (``pending.take_gradients``), with
         no autograd node of the pooling."""
         pooling = Pooling(positions, offsets, self.mode == "mean", rows.shape[0])
         out = pool(rows, pooling)
@@ -201,7 +202,7 @@ class SparseEmbedding(nn.Module):
         if not training:
             return out
         out.requires_grad_(True)
-        sparse.record(self.name, unique, out, pooling)
+        pending.record(self.name, unique, out, pooling)
         # What the model gets is not the leaf itself: it may change it in place.
         return out.clone()
 

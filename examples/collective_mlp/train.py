@@ -1,7 +1,7 @@
 """The mlp_local CTR model as a collective (data-parallel) job: 2 processes, gloo.
 
 Run: fleetrun --nproc_per_node=2 examples/collective_mlp/train.py
-(or: python -m trainer.launch --nproc_per_node=2 examples/collective_mlp/train.py)
+(or: python -m trainer.job.launch --nproc_per_node=2 examples/collective_mlp/train.py)
 
 Each process reads its share of the files (fleet.util.get_file_shard), the model
 is wrapped by fleet.distributed_model (DistributedDataParallel: gradients are

@@ -22,11 +22,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from trainer import Executor, fleet
-from trainer.collective import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    all_gather,
-)
+from trainer.collective import ColumnParallelLinear, RowParallelLinear, all_gather
 
 CLASSES = 10
 

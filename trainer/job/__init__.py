@@ -1,32 +1,11 @@
 """What a fleet job is, shared by every part of ``trainer``.
 
-The leaf modules below the fleet API and both backends (``trainer.ps``,
-``trainer.collective``), so that none of them imports the package above it:
-
-- ``errors``: the exceptions ``trainer`` raises;
-- ``role``: ``ClusterRole``, this process's place in the job;
-- ``strategy``: ``DistributedStrategy``, how the job trains;
-- ``bind``: the rendezvous stores that listen on the job's own address (imports
-  ``torch.distributed``, so it is not imported here: ``import trainer`` stays
-  free of torch).
-
-``trainer``, ``trainer.errors``, ``trainer.role`` and ``trainer.strategy``
-re-export these names; import them from there.
+In: the environment a launcher set (Paddle's variables, torchrun's, fleetrun's)
+and the job key. Out: this process's ``ClusterRole`` (``role_maker``, ``role``),
+the ``DistributedStrategy``, the exceptions ``trainer`` raises (``errors``), the
+key and what is derived from it (``keys``), the host's addresses (``hosts``),
+rendezvous stores bound to the job's own address (``bind``), restarts
+(``restart``) and the ``fleetrun`` launcher (``launch``). The leaf package below
+the fleet API and both backends; ``import trainer`` imports nothing here that
+needs torch.
 """
-
-from __future__ import annotations
-
-from .errors import RoleError, ServerUnavailableError, TrainerError, WorkerFailedError
-from .role import ClusterRole, Role
-from .strategy import DistributedStrategy, parameter_server_mode
-
-__all__ = [
-    "ClusterRole",
-    "DistributedStrategy",
-    "Role",
-    "RoleError",
-    "ServerUnavailableError",
-    "TrainerError",
-    "WorkerFailedError",
-    "parameter_server_mode",
-]

@@ -66,7 +66,7 @@ class CheckpointError(TrainerError, ValueError):
 
 
 class TrainerProcessError(TrainerError, RuntimeError):
-    """A Hogwild trainer process failed (trainer/hogwild_processes.py).
+    """A Hogwild trainer process failed (trainer/loop/hogwild_processes.py).
 
     A failure whose exception is a builtin type is raised again as that type,
     with this error (holding the process's traceback) as its cause; others are

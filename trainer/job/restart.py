@@ -18,12 +18,12 @@ starts the next, with the same endpoints and the same job key.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-import uuid
 from typing import Any
+
+from datafeed.source.fs import write_atomically
 
 from .errors import CheckpointError
 
@@ -37,7 +37,6 @@ __all__ = [
     "record_checkpoint",
     "restart_count",
     "resume_dir",
-    "write_atomically",
 ]
 
 RESTART_COUNT_ENV = "FLEETFEED_RESTART_COUNT"
@@ -133,15 +132,3 @@ def read_record(path: str) -> dict[str, Any] | None:
         )
     return entry
 
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Writes ``path`` under a temporary name first: a crash never leaves half a file."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise

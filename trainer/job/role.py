@@ -1,6 +1,6 @@
 """What a process is in a job: the record every role maker produces.
 
-Role makers (trainer/role_maker.py) read it from the environment or from their
+Role makers (trainer/job/role_maker.py) read it from the environment or from their
 arguments; the fleet API and the parameter-server runtime only read this record.
 """
 

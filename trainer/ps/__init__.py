@@ -1,17 +1,17 @@
 """The parameter server: sparse tables and dense parameters on servers, over
 ZeroMQ with CURVE authentication, behind the fleet API (``trainer.fleet``).
 
-Modules, from the bottom up:
+In: the model and optimizer a script built (every role builds them, which is
+how servers learn each table), the role and the strategy. Out: trained sparse
+rows and dense parameters, on servers or in the process. From the bottom up:
 
-- ``_rows.pyx`` (id -> row hash index, the optimizers' row loops), ``optim``
-  (optimizer settings), ``table`` (``SparseTable``), ``placement`` (which
-  server holds a row or a dense parameter), ``checkpoint`` (files);
-- ``sparse``: the registry of ``SparseEmbedding`` tables, the row store a
-  forward pulls from, and the gradients a step pushes;
+- ``tables/``: ``SparseTable`` and its C kernels, optimizers, admission and
+  eviction; ``checkpoint/``: the files of a checkpoint; ``placement``: which
+  server holds a row or a dense parameter;
 - ``wire`` (the messages: JSON header and raw array frames, never pickle),
   ``transport`` (sockets, authentication by the job key, timeouts), ``server``
   (a server's state and its handlers), ``client`` (a worker's row stores, the
-  optimizer wrapper);
+  optimizer wrapper), ``lifecycle`` (passes, shrink and statistics across servers);
 - ``modes``: what a step does, one class per mode: ``"async"`` (default),
   ``"sync"``, ``"geo"`` (``strategy.a_sync_configs["k_steps"]``), and local;
 - ``runtime``: ``ParameterServerRuntime``, one process's part of the job, and
@@ -40,17 +40,23 @@ whole job: a synchronous round, a barrier, the other workers at stop.
 
 from __future__ import annotations
 
-from .client import DistributedOptimizer
-from .optim import OptimizerSpec
-from .runtime import ParameterServerRuntime, load_local
-from .sparse import TableConfig
-from .table import SparseTable
+import importlib
+from typing import Any
 
-__all__ = [
-    "DistributedOptimizer",
-    "OptimizerSpec",
-    "ParameterServerRuntime",
-    "SparseTable",
-    "TableConfig",
-    "load_local",
-]
+# The public names, each from the module that defines it, imported on first use:
+# the tables and checkpoints below import nothing of the runtime above them.
+_DEFINED_IN = {
+    "DistributedOptimizer": "client",
+    "OptimizerSpec": "tables.optim",
+    "ParameterServerRuntime": "runtime",
+    "SparseTable": "tables.table",
+    "load_local": "runtime",
+}
+
+__all__ = sorted(_DEFINED_IN)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEFINED_IN:
+        return getattr(importlib.import_module(f".{_DEFINED_IN[name]}", __name__), name)
+    raise AttributeError(f"module 'trainer.ps' has no attribute {name!r}")

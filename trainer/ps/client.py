@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..embedding.tables import TableConfig
+from ..loop.dense_update import clear_grads
 from . import server as handlers
-from .dense_update import clear_grads
 from .placement import dense_owners
-from .sparse import TableConfig
-from .table import SparseTable, as_u64, shard_of
+from .tables.table import SparseTable, as_u64, shard_of
 from .transport import ServerSet
 
 

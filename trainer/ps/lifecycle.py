@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .table import SparseTable, shard_of
+from .tables.table import SparseTable, shard_of
 
 if TYPE_CHECKING:
     from .transport import ServerSet
@@ -89,7 +89,7 @@ def merge_stats(per_server: list[dict[str, dict[str, int]]]) -> dict[str, dict[s
 
 class ClickSender:
     """Sends a worker's click statistics to the servers that own the ids
-    (``sparse.install_click_sink``); one round trip per server, waited for."""
+    (``trainer.embedding.stores.install_click_sink``); one round trip per server, waited for."""
 
     def __init__(self, servers: ServerSet, add_clicks: Callable[..., None]) -> None:
         self.servers = servers

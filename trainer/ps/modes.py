@@ -28,13 +28,14 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..embedding import pending, stores
+from ..embedding.tables import TableConfig
 from ..job.errors import TrainerError
+from ..loop.dense_update import step_from_grads
 from . import server as handlers
-from . import sparse, transport
+from . import transport
 from .client import GeoStore, RemoteStore, copy_dense, dense_grads, shard_dense, shard_sparse
-from .dense_update import step_from_grads
-from .sparse import TableConfig
-from .table import SparseTable
+from .tables.table import SparseTable
 
 __all__ = [
     "AsyncMode",
@@ -87,7 +88,7 @@ class TrainingMode:
         self.optimizer = optimizer
         self.params = params
 
-    def connect(self, link: WorkerLink) -> sparse.RowStore:
+    def connect(self, link: WorkerLink) -> stores.RowStore:
         """Starts working with the servers; returns the store forwards pull from.
         The dense parameters already hold the servers' values."""
         self._link = link
@@ -103,7 +104,7 @@ class TrainingMode:
         """This thread's sparse gradients per server, split as their pulls were."""
         remote = self._remote
         routing = None if remote is None else remote.routing
-        return shard_sparse(sparse.take_gradients(), len(self.link.servers), routing)
+        return shard_sparse(pending.take_gradients(), len(self.link.servers), routing)
 
     @property
     def link(self) -> WorkerLink:
@@ -144,7 +145,7 @@ class LocalMode(TrainingMode):
     def step(self) -> None:
         """Runs the optimizer, then each sparse table's on its pulled rows."""
         step_from_grads(self._torch_optimizer())
-        sparse.local_store().push_pending()
+        stores.local_store().push_pending()
 
 
 class AsyncMode(TrainingMode):
@@ -181,7 +182,7 @@ class AsyncMode(TrainingMode):
         with self._lock:
             self._pushes[threading.get_ident()] = futures
 
-    def connect(self, link: WorkerLink) -> sparse.RowStore:
+    def connect(self, link: WorkerLink) -> stores.RowStore:
         """A ``RemoteStore`` whose training pulls name this worker: each server
         reuses the row numbers a pull found for the push of its gradients."""
         self._link = link
@@ -254,7 +255,7 @@ class GeoMode(TrainingMode):
         self._inflight: tuple[list[Any], list[Any]] | None = None
         self._dense_base: list[torch.Tensor] = []  # dense values as of the last sync
 
-    def connect(self, link: WorkerLink) -> sparse.RowStore:
+    def connect(self, link: WorkerLink) -> stores.RowStore:
         """A local copy of the rows, starting from the servers' dense values."""
         self._link = link
         self._dense_base = [p.detach().clone() for p in self.params]
@@ -270,7 +271,7 @@ class GeoMode(TrainingMode):
         """Trains the local copy; every ``k_steps``-th step sends a sync."""
         store = self._store()
         step_from_grads(self._torch_optimizer())
-        store.apply(sparse.take_gradients())
+        store.apply(pending.take_gradients())
         with self._lock:
             self._steps += 1
             due = self._steps % self.k_steps == 0

@@ -28,20 +28,26 @@ from typing import Any
 
 import torch
 
+from datafeed.source.fs import write_atomically
+
+from ..embedding import stores, tables
+from ..embedding.tables import TableConfig
 from ..job import restart
 from ..job.errors import CheckpointError, ServerCallError, TrainerError
 from ..job.keys import require_key_or_insecure
 from ..job.role import ClusterRole
 from ..job.strategy import parameter_server_mode
-from . import checkpoint, lifecycle, sparse, table_files, transport
+from . import lifecycle, transport
 from . import server as handlers
+from .checkpoint import directory as checkpoint
+from .checkpoint import table_files
 from .client import DistributedOptimizer, copy_dense, dense_params
 from .modes import LocalMode, TrainingMode, WorkerLink, distributed_mode
-from .optim import OptimizerSpec
 from .server import ParameterServer
-from .sparse import TableConfig
+from .tables.optim import OptimizerSpec
+from .tables.table import SparseTable
 
-__all__ = ["ParameterServerRuntime", "load_local", "one_intra_op_thread"]
+__all__ = ["ParameterServerRuntime", "load_local", "model_configs", "one_intra_op_thread"]
 
 log = logging.getLogger(__name__)
 
@@ -100,23 +106,34 @@ class ParameterServerRuntime:
 
     # -- model -------------------------------------------------------------------
 
-    def distributed_optimizer(self, optimizer: torch.optim.Optimizer) -> DistributedOptimizer:
+    def distributed_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None
+    ) -> DistributedOptimizer:
         """Wraps ``optimizer``; learns the model's tables and dense parameters.
 
         Its parameters, in order, are the dense parameters (named by index on
         the servers); its class and first param group's hyper-parameters are
         every sparse table's optimizer unless the ``SparseEmbedding`` gives its
-        own. Call it before init_server / init_worker.
+        own. The sparse tables are those of ``model``'s SparseEmbedding modules;
+        ``model`` None: of the model holding the optimizer's parameters
+        (``model_configs``). Saves, loads, ``set_pass``, ``shrink`` and
+        ``table_stats`` work on these tables only. Call it before init_server /
+        init_worker.
 
         Raises:
             ValueError: ``optimizer`` has no sparse equivalent and some table
                 has no optimizer of its own.
+            TypeError: ``model`` is not a ``torch.nn.Module``.
+            TrainerError: no ``model`` given, and no module holds the
+                optimizer's parameters.
         """
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer.optimizer
+        params = dense_params(optimizer)
+        configs = model_configs(params, model)
         self.optimizer = optimizer
-        self.params = dense_params(optimizer)
-        self.configs = sparse.table_configs()
+        self.params = params
+        self.configs = configs
         try:
             self.default_spec = OptimizerSpec.from_torch(optimizer)
         except ValueError:
@@ -125,7 +142,7 @@ class ParameterServerRuntime:
             if uncovered:
                 raise
         if self.local and self.default_spec is not None:
-            sparse.local_store().set_default_optimizer(self.default_spec)
+            stores.local_store().set_default_optimizer(self.default_spec)
         self.training.use(optimizer, self.params)
         return DistributedOptimizer(optimizer, self.training.step)
 
@@ -133,6 +150,13 @@ class ParameterServerRuntime:
         if self.optimizer is None:
             raise TrainerError(f"call fleet.distributed_optimizer(optimizer) before {what}")
         return self.optimizer
+
+    def _local_tables(self, what: str) -> dict[str, SparseTable]:
+        """The model's tables in this process (local mode), made now if new:
+        not the other tables of the process's store, which other models own."""
+        self._require_optimizer(what)
+        store = stores.local_store()
+        return {name: store.table(config) for name, config in self.configs.items()}
 
     # -- server ------------------------------------------------------------------
 
@@ -238,8 +262,8 @@ class ParameterServerRuntime:
         link = WorkerLink(
             role.index, self.servers, lambda c: c.make_table(self.default_spec, lifecycle=False)
         )
-        sparse.install_store(self.training.connect(link))
-        sparse.install_click_sink(lifecycle.ClickSender(self.servers, handlers.add_clicks))
+        stores.install_store(self.training.connect(link))
+        stores.install_click_sink(lifecycle.ClickSender(self.servers, handlers.add_clicks))
         atexit.register(self._leave_at_exit)
         log.info(
             "worker %d connected to %d servers (%s mode)", role.index, role.server_num, self.mode
@@ -302,8 +326,8 @@ class ParameterServerRuntime:
             done = [(self.role.index,)] * len(servers)
             servers.call_all(handlers.worker_done, done, timeout=transport.start_timeout())
         finally:
-            sparse.install_store(None)
-            sparse.install_click_sink(None)
+            stores.install_store(None)
+            stores.install_click_sink(None)
             self.training.disconnect()
             self.servers = None
             servers.close()
@@ -320,15 +344,17 @@ class ParameterServerRuntime:
     def set_pass(self, pass_id: int) -> None:
         """Starts pass ``pass_id`` in every table (every server)."""
         if self.local:
-            sparse.local_store().set_pass(pass_id)
-            lifecycle.set_pass(sparse.local_store().tables, pass_id, "local")
+            own_tables = self._local_tables("set_pass()")
+            stores.local_store().set_pass(pass_id)
+            lifecycle.set_pass(own_tables, pass_id, "local")
             return
         self._connected().call_all(handlers.set_pass, [(pass_id,)] * len(self._connected()))
 
     def shrink(self) -> dict[str, dict[str, int]]:
         """Shrinks every table on every server: name -> {"dropped", "kept"} rows."""
         if self.local:
-            return lifecycle.merge_shrinks([lifecycle.shrink(sparse.local_store().tables, "local")])
+            own_tables = self._local_tables("shrink()")
+            return lifecycle.merge_shrinks([lifecycle.shrink(own_tables, "local")])
         servers = self._connected()
         self.training.flush()
         return lifecycle.merge_shrinks(servers.call_all(handlers.shrink))
@@ -336,7 +362,7 @@ class ParameterServerRuntime:
     def table_stats(self) -> dict[str, dict[str, int]]:
         """Rows, bytes, pending ids, ... per table, summed over the servers."""
         if self.local:
-            return lifecycle.merge_stats([lifecycle.stats(sparse.local_store().tables)])
+            return lifecycle.merge_stats([lifecycle.stats(self._local_tables("table_stats()"))])
         return lifecycle.merge_stats(self._connected().call_all(handlers.table_stats))
 
     # -- checkpoints -------------------------------------------------------------
@@ -362,8 +388,7 @@ class ParameterServerRuntime:
         try:
             if self.local:
                 server_num = 1
-                for config in self.configs.values():
-                    table = sparse.local_store().table(config)
+                for table in self._local_tables("save_persistables()").values():
                     table_files.write_shard(table, staging, 0, delta=kind == "delta")
                 checkpoint.save_file(
                     {
@@ -379,7 +404,7 @@ class ParameterServerRuntime:
                 server_num = len(servers)
                 servers.call_all(handlers.save, [(staging, kind)] * server_num)
             for name, data in (extra_files or {}).items():
-                restart.write_atomically(os.path.join(staging, name), data)
+                write_atomically(os.path.join(staging, name), data)
             meta = {
                 "format": checkpoint.FORMAT,
                 "kind": kind,
@@ -418,9 +443,9 @@ class ParameterServerRuntime:
             optimizer_state = checkpoint.dense_optimizer_state(
                 dirname, meta, optimizer, who="local load_persistables"
             )
-            store = sparse.local_store()
-            tables = {name: store.table(config) for name, config in self.configs.items()}
-            files = table_files.read_tables(dirname, meta, tables)
+            files = table_files.read_tables(
+                dirname, meta, self._local_tables("load_persistables()")
+            )
             # Everything is checked: from here on nothing is refused.
             table_files.load_tables(files)
             with torch.no_grad():
@@ -445,6 +470,44 @@ class ParameterServerRuntime:
         self._checkpoint_id = meta["save_id"]
 
 
+def model_configs(
+    params: list[torch.Tensor], model: torch.nn.Module | None = None
+) -> dict[str, TableConfig]:
+    """The sparse tables an optimizer over ``params`` trains, by name (sorted):
+    those of ``model``'s SparseEmbedding modules, or (``model`` None) of the
+    outermost modules holding ``params`` (``tables.models_holding``), never
+    those of another model alive in the process.
+
+    Raises:
+        TypeError: ``model`` is not a ``torch.nn.Module``.
+        TrainerError: ``model`` is None and no module holds any of ``params``
+            (e.g. a model of SparseEmbedding modules only, trained with a
+            placeholder parameter): which tables are the model's is unknown.
+    """
+    if model is not None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"model must be the torch.nn.Module holding the SparseEmbedding modules, "
+                f"got {type(model).__name__}"
+            )
+        models = [model]
+    else:
+        models = tables.models_holding(params)
+    if not models:
+        shapes = [list(p.shape) for p in params[:4]] + (["..."] if len(params) > 4 else [])
+        found = f"{len(params)} parameter{'' if len(params) == 1 else 's'} (shapes {shapes})"
+        raise TrainerError(
+            f"distributed_optimizer: expected the optimizer's parameters to belong to the "
+            f"model (a torch.nn.Module holding its SparseEmbedding modules), found {found} "
+            f"in no module; build the optimizer from model.parameters(), or name the "
+            f"model: fleet.distributed_optimizer(optimizer, model=model)"
+        )
+    configs: dict[str, TableConfig] = {}
+    for each in models:
+        configs.update(tables.model_tables(each))
+    return dict(sorted(configs.items()))
+
+
 def load_local(model: torch.nn.Module, dirname: str) -> None:
     """Loads a checkpoint into a local model (inference, no fleet needed).
 
@@ -462,9 +525,9 @@ def load_local(model: torch.nn.Module, dirname: str) -> None:
     params = list(model.parameters())
     checkpoint.check_dense_shapes(meta, params, dirname)
     values = checkpoint.dense_values(dirname, meta)
-    store = sparse.local_store()
-    tables = {name: store.table(c) for name, c in sparse.model_tables(model).items()}
-    files = table_files.read_tables(dirname, meta, tables)
+    store = stores.local_store()
+    own_tables = {name: store.table(c) for name, c in tables.model_tables(model).items()}
+    files = table_files.read_tables(dirname, meta, own_tables)
     with torch.no_grad():
         for i, p in enumerate(params):
             p.copy_(values[i])

@@ -29,10 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import checkpoint, lifecycle, table_files
+from . import lifecycle
+from .checkpoint import directory as checkpoint
+from .checkpoint import table_files
 from .placement import dense_owners
-from .step_rows import PulledRows, pull_numbered, push_numbered
-from .table import SparseTable, as_u64, shard_of
+from .tables.step_rows import PulledRows, pull_numbered, push_numbered
+from .tables.table import SparseTable, as_u64, shard_of
 
 log = logging.getLogger(__name__)
 

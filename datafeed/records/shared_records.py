@@ -1,0 +1,211 @@
+"""Records in shared memory, for trainer processes that outlive a pass.
+
+Hogwild trainer processes (trainer/loop/hogwild_workers.py) are forked once and
+train pass after pass, while the dataset in the calling process is shuffled
+or loaded again between passes. The records of each pass reach them through
+one memory file (``memfd``): ``share_store`` copies a store's arrays into it
+and returns the store rebuilt as views of it (the private arrays can then be
+freed, so sharing takes no memory beyond the copy's moment), with a
+``SharedRecords`` handle; ``shuffled`` shuffles a store straight into a new
+one (a dataset whose records were shared before shuffles so, and copies
+nothing at its next pass). A process given the file descriptor and layout
+rebuilds the same store with ``attach_store``, copying nothing.
+
+The file lives while the shared store does in this process (its descriptor
+closes with the store) and while another process maps it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..config.slots import SlotSchema
+from ..reorder.shuffle import permutation
+from .columns import RecordChunk, SlotColumn
+from .store import RecordStore
+
+__all__ = ["SharedRecords", "attach_store", "share_store", "shuffled"]
+
+_ALIGN = 64  # each array starts on a cache line
+
+
+class SharedRecords:
+    """The memory file a shared store's arrays are in: ``fd`` (open while the
+    store is alive) and ``layout``, the plain description (JSON) from which
+    ``attach_store`` rebuilds the store."""
+
+    def __init__(self, fd: int, layout: dict[str, Any], store: RecordStore) -> None:
+        self.fd = fd
+        self.layout = layout
+        self._store = weakref.ref(store)
+        self._chunks = [weakref.ref(chunk) for chunk in store.chunks]
+
+    def holds(self, store: RecordStore) -> bool:
+        """Whether ``store`` is the shared store, its chunks unchanged (records
+        loaded since are appended to it)."""
+        return (
+            self._store() is store and len(store.chunks) == len(self._chunks)
+            and all(ref() is c for ref, c in zip(self._chunks, store.chunks, strict=True))
+        )
+
+    @property
+    def chunks(self) -> list[RecordChunk]:
+        """The shared store's chunks, in the layout's order."""
+        store = self._store()
+        if store is None:
+            raise RuntimeError("the shared records were dropped (a shuffle or load since)")
+        return store.chunks
+
+
+def share_store(store: RecordStore) -> tuple[RecordStore, SharedRecords]:
+    """``store``'s records copied into a new memory file: the same records as
+    views of it, and its handle.
+
+    Raises:
+        TypeError: a column whose values are not plain numbers.
+    """
+    arrays = [a for chunk in store.chunks for column in chunk.columns
+              for a in (column.values, column.offsets) if a is not None]
+    for array in arrays:
+        if array.dtype.kind not in "biuf":
+            raise TypeError(
+                f"records with {array.dtype} values cannot be shared between processes"
+            )
+    file = _MemoryFile(sum(_room(a.nbytes) for a in arrays))
+    try:
+        chunks = []
+        for chunk in store.chunks:
+            columns = tuple(
+                SlotColumn(
+                    file.copy(column.values),
+                    None if column.offsets is None else file.copy(column.offsets),
+                    column.width,
+                )
+                for column in chunk.columns
+            )
+            chunks.append(RecordChunk(columns, chunk.rows))
+    except BaseException:
+        os.close(file.fd)
+        raise
+    return file.share(RecordStore(store.schema, chunks))
+
+
+def shuffled(store: RecordStore, seed: int, threads: int) -> tuple[RecordStore, SharedRecords]:
+    """``shuffle.local_shuffle`` of ``store`` written straight into a new memory
+    file (no copy after it): the shuffled records, and their handle."""
+    rows = store.rows
+    # Room for every array the gather makes: no more values than the parts
+    # hold, offsets of at most 8 bytes.
+    size = sum(
+        sum(_room(chunk.columns[i].values.nbytes) for chunk in store.chunks)
+        + _room(8 * (rows + 1)) for i in range(len(store.schema))
+    )
+    file = _MemoryFile(size)
+    try:
+        taken = store.take(permutation(rows, seed), threads=threads, allocate=file.empty)
+    except BaseException:
+        os.close(file.fd)
+        raise
+    return file.share(taken)
+
+
+def _placed(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _room(nbytes: int) -> int:
+    """What an array of ``nbytes`` takes of a memory file (an empty one too)."""
+    return _placed(max(nbytes, 1))
+
+
+class _MemoryFile:
+    """A new memory file of ``size`` bytes, filled with arrays one after the
+    other (``empty``, ``copy``; from several threads), each 64-byte aligned."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        self.fd = os.memfd_create("fleetfeed-records", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, self.size)
+            self._memory = mmap.mmap(self.fd, self.size)  # MAP_SHARED
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._places: list[list] = []  # [offset, dtype, count] per array
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A new uninitialised array here."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        with self._lock:
+            offset = _placed(self._used)
+            if offset + count * dtype.itemsize > self.size:
+                raise MemoryError(
+                    f"records' memory file: {count * dtype.itemsize} bytes more do not fit "
+                    f"its {self.size} (at {offset})"
+                )
+            # An empty array takes a byte too: ``share`` finds arrays by their place.
+            self._used = offset + max(count * dtype.itemsize, 1)
+            self._places.append([offset, dtype.str, count])
+        return np.frombuffer(self._memory, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def copy(self, array: np.ndarray) -> np.ndarray:
+        out = self.empty(array.shape, array.dtype)
+        out[...] = array
+        return out
+
+    def share(self, store: RecordStore) -> tuple[RecordStore, SharedRecords]:
+        """``store`` (its arrays all made here) and its handle; the file's
+        descriptor closes with the store."""
+        base = np.frombuffer(self._memory, dtype=np.uint8, count=1).ctypes.data
+        index = {offset: i for i, (offset, _, _) in enumerate(self._places)}
+
+        def place(array: np.ndarray | None) -> int | None:
+            return None if array is None else index[array.ctypes.data - base]
+
+        chunks = [
+            {"rows": chunk.rows, "columns": [
+                {"values": place(c.values), "offsets": place(c.offsets), "width": c.width}
+                for c in chunk.columns
+            ]}
+            for chunk in store.chunks
+        ]
+        layout = {"size": max(self._used, 1), "arrays": self._places, "chunks": chunks}
+        weakref.finalize(store, os.close, self.fd)
+        return store, SharedRecords(self.fd, layout, store)
+
+
+def attach_store(schema: SlotSchema, fd: int, layout: dict[str, Any]) -> RecordStore:
+    """The store that ``layout`` describes, as views of the memory file ``fd``
+    (which the caller may close: the mapping stays while the store lives)."""
+    return _rebuild(schema, layout, _views(fd, layout))
+
+
+def _views(fd: int, layout: dict[str, Any]) -> list[np.ndarray]:
+    memory = mmap.mmap(fd, max(layout["size"], 1))  # MAP_SHARED
+    return [
+        np.frombuffer(memory, dtype=np.dtype(dtype), count=count, offset=offset)
+        for offset, dtype, count in layout["arrays"]
+    ]
+
+
+def _rebuild(schema: SlotSchema, layout: dict[str, Any], views: list[np.ndarray]) -> RecordStore:
+    chunks = []
+    for chunk in layout["chunks"]:
+        columns = tuple(
+            SlotColumn(
+                views[c["values"]], None if c["offsets"] is None else views[c["offsets"]],
+                c["width"],
+            )
+            for c in chunk["columns"]
+        )
+        chunks.append(RecordChunk(columns, chunk["rows"]))
+    return RecordStore(schema, chunks)

@@ -1,0 +1,349 @@
+"""Input files on any ``pyarrow.fs`` filesystem: S3, HDFS, GCS, local.
+
+A filelist entry is a local path, or a URI that
+``pyarrow.fs.FileSystem.from_uri`` accepts (``s3://bucket/key?endpoint_override=
+host:port&scheme=http&region=...``, ``hdfs://namenode:port/path``, ``gs://...``,
+``file:///...``); credentials come from the usual environment (``AWS_*``, ...).
+The ``filesystem=`` setting gives the filesystem of plain paths (a
+``pyarrow.fs.FileSystem`` or an fsspec filesystem); Paddle's ``fs_name`` /
+``fs_ugi`` map onto an HDFS filesystem (``hdfs_filesystem``); Paddle's
+``download_cmd`` (other than ``"cat"``) reads plain paths through a command
+that prints the file (``DownloadCommand``).
+
+A remote file is streamed into the pipe command's standard input by a feeder
+thread (datafeed/source/process.py), never copied to local disk first; a ``.gz`` file
+is streamed compressed into ``gzip -dc``. The file name never reaches a shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+import os
+import shlex
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from ..config.errors import DatafeedError, SchemaError
+from .process import CommandStream
+
+__all__ = [
+    "DownloadCommand",
+    "as_filesystem",
+    "exists",
+    "hdfs_args",
+    "hdfs_filesystem",
+    "is_gzip",
+    "is_remote",
+    "is_uri",
+    "list_files",
+    "missing_files",
+    "open_bytes",
+    "open_input",
+    "stat",
+    "write_atomically",
+]
+
+
+def is_uri(path: str) -> bool:
+    """Whether ``path`` names its filesystem (``scheme://...``)."""
+    scheme = urlsplit(path).scheme
+    return len(scheme) > 1 and "://" in path  # "C:\\..." is not a URI
+
+
+def is_gzip(path: str) -> bool:
+    """Whether ``path`` names a gzip file (``.gz``, before any URI query)."""
+    return (urlsplit(path).path if is_uri(path) else path).endswith(".gz")
+
+
+def is_remote(path: str, filesystem: Any = None) -> bool:
+    """Whether ``path`` is read through pyarrow.fs rather than ``open()``."""
+    return filesystem is not None or is_uri(path)
+
+
+@functools.lru_cache(maxsize=64)
+def _from_uri_base(base: str) -> pafs.FileSystem:
+    filesystem, _ = pafs.FileSystem.from_uri(base)
+    return filesystem
+
+
+def resolve(path: str, filesystem: Any = None) -> tuple[pafs.FileSystem, str]:
+    """The filesystem of ``path`` and the path inside it.
+
+    Filesystems are cached per scheme, host and query (one S3 client per
+    endpoint, not one per file).
+    """
+    if is_uri(path):
+        parts = urlsplit(path)
+        if parts.scheme == "file":
+            return pafs.LocalFileSystem(), parts.path
+        base = f"{parts.scheme}://{parts.netloc}/" + (f"?{parts.query}" if parts.query else "")
+        try:
+            _, inner = pafs.FileSystem.from_uri(path)
+            return _from_uri_base(base), inner
+        except (OSError, ValueError, TypeError) as error:
+            raise DatafeedError(
+                f"cannot open filesystem of {path!r}: {_first_line(error)}"
+            ) from None
+    if filesystem is None:
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+    return filesystem, path
+
+
+def as_filesystem(value: Any) -> pafs.FileSystem | None:
+    """The ``filesystem=`` setting as a pyarrow filesystem (fsspec ones are wrapped)."""
+    if value is None or isinstance(value, pafs.FileSystem):
+        return value
+    if hasattr(value, "open") and hasattr(value, "protocol"):  # an fsspec filesystem
+        return pafs.PyFileSystem(pafs.FSSpecHandler(value))
+    raise SchemaError(
+        "the 'filesystem' setting must be None, a pyarrow.fs.FileSystem or an fsspec "
+        f"filesystem, got {value!r}"
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""
+    return lines[0] + more
+
+
+def stat(path: str, filesystem: Any = None) -> pafs.FileInfo:
+    """The file's info; ``FileNotFoundError`` when there is no file there."""
+    fs, inner = resolve(path, filesystem)
+    info = fs.get_file_info(inner)
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"no file at {path}")
+    return info
+
+
+def exists(path: str, filesystem: Any = None) -> bool:
+    """Whether ``path`` is a file (local or remote)."""
+    if not is_remote(path, filesystem):
+        return os.path.isfile(path)
+    try:
+        stat(path, filesystem)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def missing_files(paths: Sequence[str], filesystem: Any = None) -> list[str]:
+    """The entries of ``paths`` that are not files."""
+    return [p for p in paths if not exists(p, filesystem)]
+
+
+def open_input(path: str, filesystem: Any = None) -> Any:
+    """A pyarrow input stream of the raw bytes of ``path`` (no decompression).
+
+    Raises:
+        FileNotFoundError: no such file or object.
+    """
+    fs, inner = resolve(path, filesystem)
+    try:
+        return fs.open_input_stream(inner, compression=None)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no file at {path}") from None
+    except OSError as error:
+        if "not exist" in str(error) or "NoSuchKey" in str(error):
+            raise FileNotFoundError(f"no file at {path}") from None
+        raise
+
+
+def open_bytes(path: str, filesystem: Any = None) -> Any:
+    """The raw bytes of ``path``, unbuffered and not decompressed: a local
+    file from ``open()`` (its descriptor can be a command's stdin), or the
+    input stream of a remote one (``open_input``).
+
+    Raises:
+        FileNotFoundError: no such file or object.
+    """
+    if is_remote(path, filesystem):
+        return open_input(path, filesystem)
+    return open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+
+
+def list_files(
+    uri: str, pattern: str = "*", *, recursive: bool = False, filesystem: Any = None
+) -> list[str]:
+    """The files of a directory (or a day's folder on S3) whose name matches ``pattern``.
+
+    Args:
+        uri: a directory: a local path, or a URI such as
+            ``s3://bucket/2024-05-01/?endpoint_override=...``.
+        pattern: an ``fnmatch`` pattern for the file names (``part-*.gz``).
+        recursive: look in subdirectories too (the pattern applies to the
+            path below ``uri``).
+        filesystem: the filesystem of a plain path (as the ``filesystem`` setting).
+
+    Returns:
+        Sorted entries in the form of ``uri`` (the same scheme, host and query),
+        ready for ``set_filelist``.
+
+    Raises:
+        FileNotFoundError: ``uri`` is not a directory.
+    """
+    fs, inner = resolve(uri, filesystem)
+    inner = inner.rstrip("/") or "/"
+    info = fs.get_file_info(inner)
+    if info.type != pafs.FileType.Directory:
+        raise FileNotFoundError(f"no directory at {uri}")
+    selector = pafs.FileSelector(inner, recursive=recursive)
+    found = []
+    prefix = inner.rstrip("/") + "/"
+    for entry in fs.get_file_info(selector):
+        if entry.type != pafs.FileType.File:
+            continue
+        relative = entry.path[len(prefix):] if entry.path.startswith(prefix) else entry.base_name
+        if fnmatch.fnmatchcase(relative, pattern):
+            found.append(entry.path)
+    found.sort()
+    if not is_uri(uri):
+        return found
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        return [f"file://{p}" for p in found]
+    query = f"?{parts.query}" if parts.query else ""
+    # pyarrow's path of an S3 object is "bucket/key": the host part of the URI.
+    return [f"{parts.scheme}://{p}{query}" for p in found]
+
+
+def write_atomically(path: str, content: bytes | Callable[[str], object]) -> None:
+    """Writes the local file ``path`` whole or not at all.
+
+    ``content`` goes to a temporary file in the same directory (so that the
+    rename cannot cross filesystems), is flushed to disk (``fsync``) and renamed
+    over ``path``: a reader sees the old file or the new one, never half of
+    one, and a crash after the rename does not leave a file whose data never
+    reached the disk. The new file's mode is the one ``open`` gives (0o666 less
+    the umask), not ``tempfile``'s private 0o600: a cache or a checkpoint that
+    others read stays readable to them.
+
+    Args:
+        path: the file to write (replaced if it exists).
+        content: the bytes, or a function that writes the file named by its
+            argument (``torch.save``, an Arrow writer) and creates it.
+
+    Raises:
+        OSError: the write failed (a full disk, a read-only directory).
+        Exception: whatever ``content`` raised, unchanged.
+        On any failure the temporary file is removed and ``path`` is left as it was.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    # Hidden, and unique to this write: never taken for a file of the directory
+    # (a checkpoint's shards, a glob), never shared with a concurrent writer.
+    temporary = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+    try:
+        if callable(content):
+            content(temporary)
+        else:
+            with open(temporary, "xb") as out:
+                out.write(content)
+        descriptor = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    # The rename reaches the disk with the directory. A filesystem that cannot
+    # sync a directory still has the new file in place: not a failed write.
+    with contextlib.suppress(OSError):
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def hdfs_args(fs_name: str, fs_ugi: str = "") -> dict[str, Any]:
+    """The ``HadoopFileSystem`` arguments of Paddle's ``fs_name`` and ``fs_ugi``.
+
+    ``fs_name`` is ``hdfs://host:port`` (or ``afs://``, Baidu's HDFS); ``fs_ugi``
+    is ``"user,password"`` (the password is not used by libhdfs).
+    """
+    parts = urlsplit(fs_name if "://" in fs_name else f"hdfs://{fs_name}")
+    if parts.scheme not in ("hdfs", "afs", "viewfs") or not parts.hostname:
+        raise SchemaError(
+            f"the 'fs_name' setting must look like 'hdfs://namenode:port', got {fs_name!r}"
+        )
+    args: dict[str, Any] = {"host": parts.hostname, "port": parts.port or 8020}
+    user = fs_ugi.split(",", 1)[0].strip()
+    if user:
+        args["user"] = user
+    return args
+
+
+def hdfs_filesystem(fs_name: str, fs_ugi: str = "") -> pafs.FileSystem:
+    """The HDFS filesystem of Paddle's settings; a clear error without libhdfs.
+
+    Raises:
+        DatafeedError: libhdfs or a JVM is not installed (or the connection failed).
+    """
+    args = hdfs_args(fs_name, fs_ugi)
+    try:
+        return pafs.HadoopFileSystem(**args)
+    except OSError as error:
+        raise DatafeedError(
+            f"cannot connect to HDFS {fs_name!r} (fs_name): pyarrow needs libhdfs and "
+            "a JVM (set JAVA_HOME, HADOOP_HOME and ARROW_LIBHDFS_DIR, and CLASSPATH to "
+            f"`hadoop classpath --glob`); the error was: {_first_line(error)}"
+        ) from None
+
+
+class DownloadCommand:
+    """Paddle's ``download_cmd``: plain paths read through a shell command that
+    prints the file's bytes, the path appended after ``--`` as one shell-quoted
+    argument (``hadoop fs -cat`` becomes ``hadoop fs -cat -- '/user/x/part-0'``),
+    so that a path starting with ``-`` is never taken for an option. The path
+    ``-`` (standard input, for most commands) is refused.
+
+    It stands where a filesystem does (``get_file_info``, ``open_input_stream``),
+    so every reader streams its output as it streams a remote file. Files
+    cannot be checked before reading: every path counts as a file of unknown
+    size, and a command that fails on one is a ``ReaderError`` naming the
+    command, the path, the exit status and the end of its stderr.
+    """
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __repr__(self) -> str:
+        return f"DownloadCommand({self.command!r})"
+
+    def shell_command(self, path: str) -> str:
+        """The shell command that prints ``path``: ``--``, then the path as one quoted word.
+
+        Raises:
+            SchemaError: the path is ``-`` or empty.
+        """
+        self._check_path(path)
+        return f"{self.command} -- {shlex.quote(path)}"
+
+    def _check_path(self, path: str) -> None:
+        if path in ("-", ""):
+            raise SchemaError(
+                f"download_cmd {self.command!r}: the input path {path!r} names no file (the "
+                "command would read its own standard input); expected a file's path"
+            )
+
+    def get_file_info(self, path: str) -> pafs.FileInfo:
+        """Every path is taken to be a file (there is nothing to ask), but ``-``.
+
+        Raises:
+            SchemaError: the path is ``-`` or empty.
+        """
+        self._check_path(path)
+        return pafs.FileInfo(path, pafs.FileType.File)
+
+    def open_input_stream(self, path: str, compression: Any = None) -> CommandStream:
+        """The command's standard output, as a readable stream."""
+        return CommandStream(self.shell_command(path), self.command, path)

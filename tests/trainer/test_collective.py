@@ -1,0 +1,162 @@
+"""Collective mode: two real processes, a gloo group on 127.0.0.1, timeouts everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import REPO, reserved_ports
+
+pytestmark = pytest.mark.distributed
+
+WORKER = r'''
+import json, os, sys
+import torch
+from torch import nn
+from trainer import Executor, fleet
+from trainer import collective
+from trainer.job.errors import WorkerFailedError
+
+out, scenario = sys.argv[1], sys.argv[2]
+rank = int(os.environ["RANK"])
+result = {}
+if scenario == "alone":
+    try:
+        fleet.init(is_collective=True, timeout=2)
+    except WorkerFailedError as error:
+        result["error"] = str(error)
+        result["rank"] = error.rank
+    json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
+    sys.exit(0)
+
+fleet.init(is_collective=True, timeout=20)
+result["role"] = [fleet.worker_index(), fleet.worker_num(), fleet.is_first_worker()]
+if scenario == "peer_dies":
+    if rank == 1:
+        os._exit(0)
+    try:
+        collective.all_gather(torch.ones(2), dim=0)
+    except WorkerFailedError as error:
+        result["error"] = str(error)
+    json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
+    os._exit(0)
+
+# 1. model-parallel layers equal one full layer built with the same seed.
+torch.manual_seed(123)  # same input on both ranks
+x = torch.randn(4, 6, requires_grad=True)
+column = collective.ColumnParallelLinear(6, 8, seed=7)
+row = collective.RowParallelLinear(8, 3, seed=9)
+y = row(column(x))
+(y ** 2).sum().backward()
+full_c, full_r = nn.Linear(6, 8), nn.Linear(8, 3)
+g = torch.Generator().manual_seed(7)
+with torch.no_grad():
+    full_c.weight.uniform_(-6 ** -0.5, 6 ** -0.5, generator=g)
+    full_c.bias.uniform_(-6 ** -0.5, 6 ** -0.5, generator=g)
+    g = torch.Generator().manual_seed(9)
+    full_r.weight.copy_(torch.empty(3, 8).uniform_(-8 ** -0.5, 8 ** -0.5, generator=g))
+    full_r.bias.copy_(torch.empty(3).uniform_(-8 ** -0.5, 8 ** -0.5, generator=g))
+x2 = x.detach().clone().requires_grad_(True)
+y2 = full_r(full_c(x2))
+(y2 ** 2).sum().backward()
+result["same_output"] = torch.allclose(y, y2, atol=1e-6)
+result["same_input_grad"] = torch.allclose(x.grad, x2.grad, atol=1e-5)
+shard = slice(rank * 4, (rank + 1) * 4)
+result["same_column_grad"] = torch.allclose(
+    column.weight.grad, full_c.weight.grad[shard], atol=1e-5
+)
+result["same_row_grad"] = torch.allclose(row.weight.grad, full_r.weight.grad[:, shard], atol=1e-5)
+
+# 2. util.all_reduce and the barrier.
+result["sum"] = fleet.util.all_reduce(rank + 1)
+result["max"] = fleet.util.all_reduce(torch.tensor([rank, -rank]), mode="max").tolist()
+fleet.barrier_worker()
+
+# 3. DDP through distributed_model + Executor, uneven batch counts (3 vs 4 batches).
+torch.manual_seed(rank)
+model = fleet.distributed_model(nn.Linear(3, 1))
+optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+batches = [{"x": torch.randn(8, 3)} for _ in range(3 + rank)]
+target = torch.tensor([1.0, -2.0, 0.5])
+def forward(batch):
+    return {"loss": ((model(batch["x"]).squeeze(1) - batch["x"] @ target) ** 2).mean()}
+def epoch():
+    return Executor().train_from_dataset(forward, batches, optimizer, thread=1, fetch_list=[])
+losses = [epoch().mean_loss for _ in range(15)]
+result["losses"] = [losses[0], losses[-1]]
+weights = model.module.weight.detach().reshape(-1)
+gathered = collective.all_gather(weights, dim=0)
+result["replicas_equal"] = torch.equal(gathered[:3], gathered[3:])
+fleet.stop_worker()
+json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
+'''
+
+
+def run_ranks(
+    tmp_path: Path, scenario: str, ranks: list[int], world_size: int = 2,
+    read: list[int] | None = None,
+) -> list[dict]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    processes = []
+    outputs = []
+    with reserved_ports(1) as (port,):  # rank 0's rendezvous store listens on it
+        try:
+            for rank in ranks:
+                env = dict(
+                    os.environ, PYTHONPATH=str(REPO), RANK=str(rank),
+                    WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                )
+                processes.append(subprocess.Popen(
+                    [sys.executable, str(script), str(tmp_path), scenario], env=env,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                ))
+            for process in processes:
+                outputs.append(process.communicate(timeout=60)[0])
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.communicate()
+    for process, output in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, output
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in read or ranks]
+
+
+@pytest.mark.slow
+def test_two_ranks_model_parallel_ddp_and_collectives(tmp_path):
+    results = run_ranks(tmp_path, "train", [0, 1])
+    for rank, result in enumerate(results):
+        assert result["role"] == [rank, 2, rank == 0]
+        assert result["same_output"] and result["same_input_grad"]
+        assert result["same_column_grad"] and result["same_row_grad"]
+        assert result["sum"] == 3
+        assert result["max"] == [1, 0]
+        first, last = result["losses"]
+        assert last < 0.05 * first
+        assert result["replicas_equal"]  # DDP kept both replicas identical
+
+
+def test_a_missing_peer_fails_init_within_the_timeout_naming_the_rank(tmp_path):
+    (result,) = run_ranks(tmp_path, "alone", [0])
+    assert result["rank"] == 0
+    assert "rank 0 of 2: the process group at 127.0.0.1:" in result["error"]
+    assert "did not form within 2s" in result["error"]
+
+
+def test_a_peer_that_dies_fails_the_collective_naming_the_rank(tmp_path):
+    result = run_ranks(tmp_path, "peer_dies", [0, 1], read=[0])[0]
+    assert result["error"].startswith(
+        "rank 0: all_gather failed (timeout 20s): a peer failed or stopped answering"
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_torch_env(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)

@@ -1,0 +1,161 @@
+"""The parameter server's training modes (``trainer.ps.modes``), in process: a
+``ServerSet`` stand-in calls a ``ParameterServer`` here, so each mode's step is
+checked value by value without sockets."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from support import InProcessServers
+from torch import nn
+
+from trainer import DistributedStrategy
+from trainer.embedding import pending, stores
+from trainer.job.errors import TrainerError
+from trainer.job.role import ClusterRole, Role
+from trainer.job.strategy import parameter_server_mode
+from trainer.nn import SparseEmbedding
+from trainer.ps import DistributedOptimizer, OptimizerSpec, ParameterServerRuntime
+from trainer.ps.modes import AsyncMode, GeoMode, LocalMode, SyncMode, WorkerLink, distributed_mode
+from trainer.ps.server import ParameterServer
+
+
+def Strategy(mode: str, k_steps: int = 0) -> SimpleNamespace:
+    """The two attributes the runtime reads from a DistributedStrategy."""
+    return SimpleNamespace(mode=mode, a_sync_configs={"k_steps": k_steps})
+
+
+class OneRowModel(nn.Module):
+    """A sparse row and a dense vector; the loss is the sum of both, so that SGD
+    with lr=1 lowers every value by exactly 1 per step."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.emb = SparseEmbedding(2, name)
+        self.bias = nn.Parameter(torch.zeros(2))
+
+    def loss(self) -> torch.Tensor:
+        return self.emb(torch.tensor([7])).sum() + self.bias.sum()
+
+
+def connected_mode(mode, name: str, server_optimizer: bool):
+    """``mode`` connected to one in-process server of ``name``'s table."""
+    model = OneRowModel(name)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    spec = OptimizerSpec.from_torch(opt)
+    server_bias = nn.Parameter(torch.zeros(2))
+    server = ParameterServer(
+        0, 1, 1, mode.name, {name: model.emb.config.make_table(spec)}, [server_bias],
+        torch.optim.SGD([server_bias], lr=1.0) if server_optimizer else None,
+    )
+    mode.use(opt, [model.bias])
+    link = WorkerLink(0, InProcessServers([server]), lambda c: c.make_table(spec))
+    stores.install_store(mode.connect(link))
+    return model, server, DistributedOptimizer(opt, mode.step)
+
+
+def train_step(model: OneRowModel, opt: DistributedOptimizer) -> None:
+    model.loss().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+@pytest.fixture
+def local_store_after():
+    yield
+    stores.install_store(None)
+    pending.clear_pending()
+
+
+def test_geo_mode_sends_deltas_every_k_steps(local_store_after):
+    mode = distributed_mode("geo", 3)
+    assert isinstance(mode, GeoMode) and not mode.servers_run_optimizer
+    model, server, opt = connected_mode(mode, "geo_modes_t", server_optimizer=False)
+    initial = server.tables["geo_modes_t"].init_rows(np.array([7], dtype=np.uint64))[0]
+    for _ in range(2):
+        train_step(model, opt)
+    # Two local steps: the worker moved, the servers saw nothing yet.
+    assert model.bias.tolist() == [-2.0, -2.0]
+    assert server.dense[0].tolist() == [0.0, 0.0]
+    assert len(server.tables["geo_modes_t"]) == 0
+    train_step(model, opt)  # the third step sends the sync
+    mode.settle()
+    assert server.dense[0].tolist() == [-3.0, -3.0]
+    np.testing.assert_allclose(server.tables["geo_modes_t"].pull(np.array([7], dtype=np.uint64))
+                               .numpy()[0], initial - 3, rtol=1e-6)
+    train_step(model, opt)
+    mode.flush()  # what the fourth step changed goes too
+    assert server.dense[0].tolist() == [-4.0, -4.0] == model.bias.tolist()
+
+
+def test_async_mode_takes_the_servers_values_one_step_late(local_store_after):
+    mode = distributed_mode("async")
+    assert isinstance(mode, AsyncMode) and mode.servers_run_optimizer
+    model, server, opt = connected_mode(mode, "async_modes_t", server_optimizer=True)
+    train_step(model, opt)
+    # The server applied the push; the worker takes its answer at the next wait.
+    assert server.dense[0].tolist() == [-1.0, -1.0]
+    assert model.bias.tolist() == [0.0, 0.0]
+    train_step(model, opt)
+    assert model.bias.tolist() == [-1.0, -1.0]
+    mode.settle()
+    assert model.bias.tolist() == [-2.0, -2.0] == server.dense[0].tolist()
+
+
+def test_sync_mode_takes_the_rounds_values_at_once(local_store_after):
+    mode = distributed_mode("sync")
+    assert isinstance(mode, SyncMode)
+    model, server, opt = connected_mode(mode, "sync_modes_t", server_optimizer=True)
+    train_step(model, opt)
+    assert model.bias.tolist() == [-1.0, -1.0] == server.dense[0].tolist()
+    row = server.tables["sync_modes_t"].pull(np.array([7], dtype=np.uint64)).numpy()[0]
+    initial = server.tables["sync_modes_t"].init_rows(np.array([7], dtype=np.uint64))[0]
+    np.testing.assert_allclose(row, initial - 1, rtol=1e-6)
+
+
+def test_modes_need_init_worker_before_a_step():
+    for mode in (distributed_mode("async"), distributed_mode("sync"), distributed_mode("geo", 2)):
+        with pytest.raises(TrainerError, match=r"call fleet.init_worker\(\) before training"):
+            mode.step()
+    with pytest.raises(TrainerError, match="strategy.mode must be one of"):
+        distributed_mode("hogwild")
+
+
+def test_the_runtime_picks_its_mode_once_from_the_strategy():
+    role = ClusterRole(Role.WORKER, 0, 1, ("127.0.0.1:1",))
+    assert isinstance(ParameterServerRuntime(role, None).training, AsyncMode)
+    assert isinstance(ParameterServerRuntime(role, Strategy("SYNC")).training, SyncMode)
+    geo = ParameterServerRuntime(role, Strategy("geo", 4))
+    assert isinstance(geo.training, GeoMode) and geo.training.k_steps == 4
+    local = ParameterServerRuntime(ClusterRole.local(), Strategy("geo", 4))
+    assert isinstance(local.training, LocalMode) and local.mode == "geo"
+    with pytest.raises(TrainerError, match=r"k_steps'\] >= 1, got 0"):
+        ParameterServerRuntime(role, Strategy("geo", 0))
+
+
+
+def test_parameter_server_mode_reads_strategies_and_paddle_like_objects():
+    assert parameter_server_mode(None) == ("async", 0)
+    strategy = DistributedStrategy()
+    assert parameter_server_mode(strategy) == ("async", -1)  # k_steps as configured
+    strategy.a_sync = False
+    assert parameter_server_mode(strategy) == ("sync", 0)
+    strategy.a_sync_configs = {"k_steps": 3}
+    with pytest.raises(ValueError, match=r"a_sync=False \(sync\) cannot be combined"):
+        parameter_server_mode(strategy)
+    strategy.a_sync = True
+    strategy.a_sync_configs = {"k_steps": 3}
+    assert parameter_server_mode(strategy) == ("geo", 3)
+    # Without ``mode``: Paddle's rule from a_sync and k_steps.
+    assert parameter_server_mode(SimpleNamespace(a_sync=False)) == ("sync", 0)
+    paddle_geo = SimpleNamespace(a_sync=True, a_sync_configs={"k_steps": 4})
+    assert parameter_server_mode(paddle_geo) == ("geo", 4)
+    assert parameter_server_mode(SimpleNamespace(a_sync_configs={"k_steps": "x"})) == ("async", 0)
+    assert parameter_server_mode(Strategy("GEO", 2)) == ("geo", 2)
+    with pytest.raises(TrainerError, match=r"strategy.mode must be one of .*got 'hogwild'"):
+        parameter_server_mode(Strategy("hogwild"))
+    with pytest.raises(TrainerError, match=r"GEO .*a_sync_configs\['k_steps'\] >= 1, got 0"):
+        parameter_server_mode(Strategy("geo"))

@@ -1,0 +1,25 @@
+"""Collective training on ``torch.distributed``.
+
+In: ``fleet.init(is_collective=True)`` under ``fleetrun --nproc_per_node=N`` or
+torchrun. Out: a process group with timeouts (``process_group``), DDP, and the
+model-parallel layers whose weights are split across the ranks
+(``model_parallel``), which a user's model imports from here.
+"""
+
+from .model_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    all_gather,
+    all_reduce,
+    copy_to_parallel,
+    split,
+)
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "all_gather",
+    "all_reduce",
+    "copy_to_parallel",
+    "split",
+]

@@ -1,0 +1,231 @@
+"""Where a ``SparseEmbedding`` forward's rows come from.
+
+The row store a forward pulls from is ``LocalStore`` (in-process tables) unless
+a runtime installed another one (``install_store``: a parameter-server worker's
+``RemoteStore`` or ``GeoStore``). ``distinct`` gives the distinct ids of a
+forward's input, shared by the tables that take the same input; click
+statistics go to the local tables or to the sink a PS worker installed.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+
+from ..ps.tables.ids import unique_inverse
+from ..ps.tables.optim import OptimizerSpec
+from ..ps.tables.step_rows import (
+    PulledRows,
+    pull_distinct_numbered,
+    pull_numbered,
+    push_numbered,
+    push_pooled_numbered,
+)
+from ..ps.tables.table import SparseTable, as_u64
+from .pending import merge_gradients, take_pulls
+from .tables import TableConfig, registered_config
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = [
+    "LocalStore",
+    "RowStore",
+    "add_clicks",
+    "current_store",
+    "distinct",
+    "install_click_sink",
+    "install_store",
+    "local_store",
+]
+
+
+# The last ids tensor made distinct, and the result. Tables that take the same
+# input (wide & deep) then share one pass per batch, and one tensor of distinct
+# ids, by which ``RemoteStore`` recognises tables it can pull in one round trip.
+_last_distinct = threading.local()
+
+
+def distinct(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(ids.reshape(-1), return_inverse=True)`` (not sorted on CPU),
+    reused while ``ids`` is the same, unchanged tensor."""
+    last = getattr(_last_distinct, "value", None)
+    if last is not None and last[0] is ids and last[1] == ids._version:
+        return last[2], last[3]
+    flat = ids.reshape(-1)
+    if flat.device.type == "cpu":
+        # A hash pass (first-appearance order; nothing downstream needs the ids
+        # sorted) instead of a sort: ~3x numpy's unique on 13k int64 ids.
+        values, positions = unique_inverse(flat.numpy())
+        unique = torch.from_numpy(values)
+        inverse = torch.from_numpy(positions)
+    else:
+        unique, inverse = torch.unique(flat, return_inverse=True)
+    _last_distinct.value = (ids, ids._version, unique, inverse)
+    return unique, inverse
+
+
+class RowStore(Protocol):
+    """Where a forward's rows come from: ``LocalStore``, ``RemoteStore``, ``GeoStore``."""
+
+    def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
+        """Rows [len(ids), dim] of distinct int64 ``ids``."""
+        ...
+
+
+class LocalStore:
+    """In-process tables (the non-distributed mode), created on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.tables: dict[str, SparseTable] = {}
+        self.default_optimizer: OptimizerSpec | None = None
+        self.pass_id = 0  # the pass a table created from now on starts in
+
+    def table(self, config: TableConfig) -> SparseTable:
+        """The table of ``config``, created (empty) on first use."""
+        with self._lock:
+            table = self.tables.get(config.name)
+            # A table left by a module that no longer exists, with other settings.
+            if table is not None and not config.same_table(table):
+                table = None
+            if table is None:
+                table = config.make_table(self.default_optimizer)
+                table.set_pass(self.pass_id)
+                self.tables[config.name] = table
+            return table
+
+    def set_default_optimizer(self, spec: OptimizerSpec) -> None:
+        """The optimizer of tables without their own: resets their state."""
+        with self._lock:
+            self.default_optimizer = spec
+            for name, table in self.tables.items():
+                config = registered_config(name)
+                if config is None or config.optimizer is None:
+                    table.set_optimizer(spec)
+
+    def set_pass(self, pass_id: int) -> None:
+        """The pass of tables created from now on (``fleet.set_pass``)."""
+        with self._lock:
+            self.pass_id = int(pass_id)
+
+    def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
+        """Rows of distinct ``ids``, created when ``training``. A training
+        pull keeps the row numbers it found for the push of the same ids."""
+        table = self.table(config)
+        if not training:
+            return table.pull(ids, create=False)
+        rows, pulled = pull_numbered(table, ids)
+        _keep_pull(config.name, pulled)
+        return rows
+
+    def pull_values(
+        self, config: TableConfig, values: torch.Tensor
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """A training pull of a batch's ids as they come (int64, repeats
+        included), as ``distinct`` then ``pull`` in one pass over the ids:
+        the distinct ids (int64 tensor), their rows (float32 numpy) and each
+        value's position among them (int64 numpy). Keeps the row numbers for
+        the push of the distinct ids' tensor."""
+        table = self.table(config)
+        unique, positions, rows, pulled = pull_distinct_numbered(table, values.numpy())
+        _keep_pull(config.name, pulled)
+        pulled.source = torch.from_numpy(unique.view(np.int64))
+        return pulled.source, rows, positions
+
+    def push_pending(self) -> None:
+        """Pushes this thread's pending sparse gradients (``take_gradients``).
+        A table pulled once since the last push is pushed at its pull's row
+        numbers, its rows' gradient taken from the pooled output's in the
+        optimizer's own pass (``push_pooled_numbered``); the rest as ``push``."""
+        items = take_pulls()
+        numbered = getattr(_pulled_here, "tables", None) or {}
+        pulls = collections.Counter(name for name, _, _, _ in items)
+        rest = []
+        for name, ids, output, pooling in items:
+            pulled, table = numbered.get(name), self.tables.get(name)
+            if (
+                pulls[name] == 1 and pulled is not None and table is not None
+                and pulled.source is ids  # this pull's own ids
+                and push_pooled_numbered(table, output.grad, pooling, pulled)
+            ):
+                del numbered[name]
+            else:
+                rest.append((name, ids, output, pooling))
+        if rest:
+            self.push(merge_gradients(rest))
+
+    def push(self, gradients: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
+        """Applies each table's optimizer to its rows' gradients: at the row
+        numbers of this thread's last pull when those were its ids (the ids
+        are then looked up once per step), else looked up now."""
+        numbered = getattr(_pulled_here, "tables", None) or {}
+        for name, (ids, grads) in gradients.items():
+            pulled = numbered.pop(name, None)
+            if pulled is not None and pulled.matches(ids):
+                push_numbered(self.tables[name], grads, pulled)
+            else:
+                self.tables[name].push(ids, grads)
+
+    def clear(self) -> None:
+        """Drops every table (tests; a fresh model)."""
+        with self._lock:
+            self.tables.clear()
+
+
+# Each thread's last training pull of each local table (its row numbers).
+_pulled_here = threading.local()
+
+
+def _keep_pull(name: str, pulled: PulledRows) -> None:
+    numbered = getattr(_pulled_here, "tables", None)
+    if numbered is None:
+        numbered = _pulled_here.tables = {}
+    numbered[name] = pulled
+
+_local_store = LocalStore()
+_store: RowStore = _local_store
+
+
+def local_store() -> LocalStore:
+    """The process's in-process tables."""
+    return _local_store
+
+
+def install_store(store: RowStore | None) -> None:
+    """Makes every SparseEmbedding pull from ``store`` (None: back to local tables)."""
+    global _store
+    _store = _local_store if store is None else store
+
+
+def current_store() -> RowStore:
+    """The store every SparseEmbedding pulls from now."""
+    return _store
+
+
+# Where click statistics go: the local tables unless a PS worker installed
+# its sender (``install_click_sink``): name, distinct ids, clicks per id.
+_click_sink: Callable[[str, np.ndarray, np.ndarray], None] | None = None
+
+
+def install_click_sink(sink: Callable[[str, np.ndarray, np.ndarray], None] | None) -> None:
+    """Sends ``add_clicks`` to ``sink`` (a PS worker's servers); None: local tables."""
+    global _click_sink
+    _click_sink = sink
+
+
+def add_clicks(config: TableConfig, ids: torch.Tensor, clicks: torch.Tensor) -> None:
+    """Adds ``clicks`` (float32 per distinct id) to the click counts of the
+    rows of ``ids`` in ``config``'s table, wherever it lives."""
+    u64 = as_u64(ids)
+    values = clicks.detach().to(torch.float32).numpy()
+    if _click_sink is not None:
+        _click_sink(config.name, u64, values)
+    else:
+        _local_store.table(config).add_clicks(u64, values)
+
+

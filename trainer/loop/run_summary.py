@@ -1,0 +1,87 @@
+"""``RunSummary``: what one ``Executor.train_from_dataset`` / ``infer_from_dataset``
+call did, and the INFO line that reports it (trainer/executor.py runs the pass).
+
+This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunSummary", "input_stats", "log_summary"]
+
+logger = logging.getLogger("trainer.executor")
+
+
+@dataclass
+class RunSummary:
+    """What one ``train_from_dataset`` / ``infer_from_dataset`` call did.
+
+    Attributes:
+        batches: batches processed (over all threads).
+        records: records in those batches.
+        mean_loss: mean of the per-batch ``"loss"`` values (None when the model
+            returned no loss, in inference).
+        seconds: wall-clock time of the call.
+        threads: worker threads used.
+        timings: seconds spent in each phase, summed over threads: ``data_wait``,
+            ``forward``, ``backward``, ``step`` (optimizer step / push); and
+            parts of them: ``pull`` (sparse rows pulled in the forwards),
+            ``optimizer`` (the dense update in the steps) and ``push`` (the
+            rest of the steps: sparse gradients to the tables or servers).
+        last_fetch: the last batch's values of each ``fetch_list`` entry, by
+            ``fetch_info`` name.
+        input: the dataset's ``stats()`` at the end of the pass (a
+            ``datafeed.LoadStats``: for a QueueDataset, the lines, records and
+            skipped lines of this pass, per file; for an InMemoryDataset, those
+            of its last load), or None for a plain iterable.
+        hogwild: how Hogwild trainers ran (``hogwild=True``, ``thread`` > 1):
+            ``"processes"`` (forked, trainer/loop/hogwild_processes.py) or
+            ``"threads"``; None otherwise.
+    """
+
+    batches: int
+    records: int
+    mean_loss: float | None
+    seconds: float
+    threads: int
+    timings: dict[str, float] = field(default_factory=dict)
+    last_fetch: dict[str, list[float]] = field(default_factory=dict)
+    input: Any = None
+    hogwild: str | None = None
+
+    @property
+    def records_per_second(self) -> float:
+        """Records per second of wall-clock time (0.0 for a pass of no time)."""
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+
+def input_stats(dataset: Any) -> Any:
+    """The dataset's load accounting (``stats()``), or None for a plain iterable."""
+    stats = getattr(dataset, "stats", None)
+    if not callable(stats):
+        return None
+    try:
+        return stats()
+    except Exception:  # noqa: BLE001 - an iterable's own stats() of another meaning
+        return None
+
+
+def log_summary(what: str, summary: RunSummary) -> None:
+    """One INFO line: what the pass delivered and what its input held."""
+    line = (
+        f"{what}: {summary.batches} batches, {summary.records} records "
+        f"in {summary.seconds:.2f} s"
+    )
+    stats = summary.input
+    if stats is not None and hasattr(stats, "per_file"):
+        line += (
+            f"; input: {stats.files} files, {stats.lines} lines = {stats.records} records "
+            f"+ {stats.skipped_lines} skipped lines"
+        )
+        if stats.skipped_reasons:
+            reasons = sorted(stats.skipped_reasons.items())
+            line += " (" + ", ".join(f"{r} {n}" for r, n in reasons) + ")"
+    logger.info(line)

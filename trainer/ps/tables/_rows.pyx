@@ -1,0 +1,458 @@
+# cython: language_level=3
+"""The per-batch hot loops of sparse tables, in C.
+
+* ``IdIndex``: open-addressing hash index (linear probing, load <= 1/2),
+  uint64 id -> row number (0, 1, 2, ... in order of insertion), each slot's
+  key and row number side by side in one numpy array (no Python object per
+  id; a probe reads one cache line, not one in each of two arrays). One pass
+  over a batch finds or adds every id (``lookup_or_insert``); the vectorised
+  numpy version it replaces needed several passes and a sort per probe round.
+* ``unique_inverse``: a batch's distinct ids and each id's position among them,
+  by hashing (O(n), first-appearance order) rather than numpy's sort.
+* ``pull_rows``: a pull's lookup, the copy of each row found and (training)
+  the update of its statistics, in one pass over the batch; ``pull_values``
+  the same for a batch's ids as they come, made distinct in the same call.
+* Per-row statistics are one 16-byte record per row (``ROW_STATS_DTYPE``:
+  show, click, last-seen tick, changed-since-save flag), so that counting a
+  pull writes one cache line per row rather than one in each of three
+  arrays; the loops that already touch a row (``pull_rows``, the optimizer
+  steps) update its record, and ``touch_rows`` does it for rows just created.
+
+Rows are removed by a rebuild (``IdIndex.rebuild``), not by tombstones: a table
+drops rows in bulk (``shrink``, or a budget's eviction of a sixteenth of its
+rows at a time) and compacts its row arrays then anyway, since rows are
+numbered densely; rebuilding the index from the kept ids costs one insert per
+kept row (about 40 ms per million rows), and leaves probe chains as short as a
+fresh index's, where tombstones would lengthen them until the next rebuild.
+
+The optimizers' updates of rows and the pooling of rows are in
+_row_updates.pyx; declarations both use are in _rows.pxd.
+
+Every function takes numpy arrays and releases the GIL for its loop, so RPC
+handler threads and Hogwild trainer threads run them in parallel.
+"""
+
+import numpy as np
+
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+
+_MIN_CAPACITY = 1024
+# A slot's row number is written after its key with release order, and read
+# with acquire order: Hogwild processes (trainer/loop/hogwild_processes.py) look ids
+# up without a lock in an index that another process may be adding to, and
+# must not see a row number before the key it belongs to. (Plain moves on x86.)
+cdef extern from *:
+    """
+    #define FF_STORE_RELEASE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+    #define FF_LOAD_ACQUIRE(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    """
+    void FF_STORE_RELEASE(int64_t* address, int64_t value) noexcept nogil
+    int64_t FF_LOAD_ACQUIRE(const int64_t* address) noexcept nogil
+
+# One row's statistics. Aligned: 13 bytes of fields padded to 16, so that no
+# record straddles two cache lines.
+ROW_STATS_DTYPE = np.dtype(
+    [("show", np.float32), ("click", np.float32), ("last", np.uint32), ("changed", np.uint8)],
+    align=True,
+)
+
+
+cdef RowStat* _records(object records, uint8_t[::1] raw) except? NULL:
+    """The records of ``records`` (a ROW_STATS_DTYPE array; ``raw``: its bytes,
+    which the caller keeps referenced); NULL when it is empty."""
+    if records.dtype != ROW_STATS_DTYPE or sizeof(RowStat) != ROW_STATS_DTYPE.itemsize:
+        raise TypeError(
+            f"expected per-row statistics of dtype {ROW_STATS_DTYPE}, got {records.dtype}"
+        )
+    if raw.shape[0] == 0:
+        return NULL
+    return <RowStat*>&raw[0]
+
+
+def _record_bytes(records):
+    if records is None:
+        return np.zeros(0, dtype=np.uint8)
+    if not (records.ndim == 1 and records.flags.c_contiguous):
+        raise ValueError("per-row statistics must be one contiguous 1-D array")
+    return records.view(np.uint8)
+
+
+cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
+    # splitmix64's finaliser: ids that differ in any bit land in unrelated slots.
+    x ^= x >> 30
+    x *= <uint64_t>0xBF58476D1CE4E5B9
+    x ^= x >> 27
+    x *= <uint64_t>0x94D049BB133111EB
+    x ^= x >> 31
+    return x
+
+
+def _as_u64(ids):
+    ids = np.ascontiguousarray(ids).reshape(-1)
+    if ids.dtype == np.uint64:
+        return ids
+    if ids.dtype == np.int64:
+        return ids.view(np.uint64)
+    raise TypeError(f"feature ids must be int64 or uint64, got {ids.dtype}")
+
+
+cdef inline bint _over_load(int64_t entries, int64_t capacity) noexcept:
+    # At most half full: 16 bytes a slot is 32-64 bytes an id. (3/4 full
+    # would take 21-43 bytes, for pulls about a fifth slower near that load.)
+    return 2 * entries > capacity
+
+
+cdef class IdIndex:
+    """uint64 id -> row number (0, 1, 2, ... in order of insertion).
+
+    Not thread-safe by itself: a ``SparseTable`` holds its lock around every call.
+    """
+
+    # Slot s is cells[2s] (the key, as int64) and cells[2s + 1] (its row
+    # number; -1: empty slot).
+    cdef object _cells_array
+    cdef int64_t* _cells
+    cdef uint64_t _mask
+    cdef readonly int64_t size
+
+    def __init__(self, capacity=_MIN_CAPACITY):
+        capacity = max(_MIN_CAPACITY, 1 << (int(capacity) - 1).bit_length())
+        self._allocate(capacity)
+        self.size = 0
+
+    cdef _allocate(self, int64_t capacity, allocate=None):
+        # allocate(shape, dtype): where the cells live (default: numpy's heap).
+        if allocate is None:
+            cells = np.full((capacity, 2), -1, dtype=np.int64)
+        else:
+            cells = allocate((capacity, 2), np.int64)
+            cells.fill(-1)
+        cdef int64_t[:, ::1] view = cells
+        self._cells_array = cells
+        self._cells = &view[0, 0]
+        self._mask = <uint64_t>(capacity - 1)
+
+    @property
+    def capacity(self):
+        return <int64_t>self._mask + 1
+
+    @property
+    def cells(self):
+        """The slots' array (read it only): where the index lives."""
+        return self._cells_array
+
+    cdef inline int64_t* _slot(self, uint64_t key) noexcept nogil:
+        """The slot holding ``key``, or the empty slot where it would go."""
+        cdef uint64_t pos = _mix64(key) & self._mask
+        cdef int64_t* cell = self._cells + 2 * pos
+        while FF_LOAD_ACQUIRE(&cell[1]) >= 0 and <uint64_t>cell[0] != key:
+            pos = (pos + 1) & self._mask
+            cell = self._cells + 2 * pos
+        return cell
+
+    cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
+        __builtin_prefetch(self._cells + 2 * (_mix64(key) & self._mask))
+
+    def lookup(self, ids):
+        """Row number of each id, -1 where the id is absent."""
+        cdef const uint64_t[::1] keys = _as_u64(ids)
+        out = np.empty(keys.shape[0], dtype=np.int64)
+        cdef int64_t[::1] rows = out
+        cdef Py_ssize_t i, n = keys.shape[0]
+        with nogil:
+            for i in range(n):
+                if i + _AHEAD < n:
+                    self._prefetch(keys[i + _AHEAD])
+                rows[i] = self._slot(keys[i])[1]
+        return out
+
+    def lookup_or_insert(self, ids):
+        """Row number of each id, adding absent ids (new rows numbered from
+        ``size`` in order of first appearance; a repeated id gets one row)."""
+        cdef const uint64_t[::1] keys = _as_u64(ids)
+        cdef Py_ssize_t n = keys.shape[0]
+        if _over_load(self.size + n, self.capacity):
+            self._grow(self.size + n)
+        out = np.empty(n, dtype=np.int64)
+        cdef int64_t[::1] rows = out
+        cdef Py_ssize_t i
+        cdef int64_t* cell
+        with nogil:
+            for i in range(n):
+                if i + _AHEAD < n:
+                    self._prefetch(keys[i + _AHEAD])
+                cell = self._slot(keys[i])
+                if cell[1] < 0:
+                    cell[0] = <int64_t>keys[i]
+                    FF_STORE_RELEASE(&cell[1], self.size)
+                    self.size += 1
+                rows[i] = cell[1]
+        return out
+
+    def insert_new(self, ids):
+        """Adds ids known to be absent; returns their row numbers."""
+        return self.lookup_or_insert(ids)
+
+    def rebuild(self, ids):
+        """Replaces the index by one of ``ids`` (distinct), numbered 0, 1, 2,
+        ... in their order: how a table drops rows and renumbers the rest."""
+        ids = _as_u64(ids)
+        capacity = _MIN_CAPACITY
+        while _over_load(ids.shape[0], capacity):
+            capacity *= 2
+        self._allocate(capacity)
+        self.size = 0
+        if ids.shape[0]:
+            self.lookup_or_insert(ids)
+
+    def set_size(self, int64_t size):
+        """Sets the row count: for an index whose shared cells another process
+        added to (Hogwild processes, trainer/ps/tables/shared_rows.py)."""
+        self.size = size
+
+    def fits(self, int64_t rows):
+        """Whether ``rows`` ids fit without the index growing (moving its cells)."""
+        return not _over_load(rows, self.capacity)
+
+    def _grow(self, int64_t needed, allocate=None):
+        """Room for ``needed`` ids: the cells reallocated (by ``allocate(shape,
+        dtype)``, when given, even if they fit) and the ids added back."""
+        cdef int64_t capacity = self.capacity
+        while _over_load(needed, capacity):
+            capacity *= 2
+        if capacity == self.capacity and allocate is None:
+            return
+        ids = self.ids_in_row_order()
+        self._allocate(capacity, allocate)
+        self.size = 0
+        if ids.shape[0]:
+            self.lookup_or_insert(ids)
+
+    def ids_in_row_order(self):
+        """Every id, in row-number order (uint64)."""
+        out = np.empty(self.size, dtype=np.uint64)
+        cdef uint64_t[::1] ids = out
+        cdef int64_t pos, capacity = self.capacity
+        cdef int64_t* cell
+        with nogil:
+            for pos in range(capacity):
+                cell = self._cells + 2 * pos
+                if cell[1] >= 0:
+                    ids[cell[1]] = <uint64_t>cell[0]
+        return out
+
+
+def unique_inverse(ids):
+    """``(unique, inverse)`` of an int64/uint64 array: its distinct values in
+    order of first appearance (same dtype) and each value's position among them,
+    so that ``unique[inverse]`` equals ``ids``."""
+    array = np.ascontiguousarray(ids).reshape(-1)
+    cdef const uint64_t[::1] keys = _as_u64(array)
+    cdef Py_ssize_t n = keys.shape[0]
+    cdef int64_t capacity = 16
+    while capacity < 2 * n:
+        capacity *= 2
+    slots_array = np.empty(capacity, dtype=np.int64)
+    cdef int64_t[::1] slots = slots_array
+    unique_array = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] unique = unique_array
+    inverse_array = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] inverse = inverse_array
+    cdef Py_ssize_t count
+    with nogil:
+        count = _distinct(&keys[0] if n else NULL, n, &slots[0], capacity - 1,
+                          &unique[0] if n else NULL, &inverse[0] if n else NULL)
+    return unique_array[:count].view(array.dtype), inverse_array
+
+
+def pull_rows(IdIndex index, ids, float[:, ::1] weights, out, records, uint32_t tick):
+    """One pull's pass over distinct ``ids``: each id's row number (-1 where
+    absent), a copy of each row found into ``out`` (float32 [len(ids), dim];
+    None: no copy) and, given ``records`` (the table's ROW_STATS_DTYPE
+    statistics; None: an inference pull, nothing counted), a training pull
+    counted in the record of each row found: show + 1, last-seen tick
+    ``tick``, flagged changed. Returns ``(rows, missing)``, ``missing`` the
+    number of ids without a row (their ``out`` rows are left as they were)."""
+    cdef const uint64_t[::1] keys = _as_u64(ids)
+    cdef Py_ssize_t n = keys.shape[0]
+    cdef float[:, ::1] copy_to
+    cdef bint copy = out is not None
+    if copy:
+        copy_to = out
+        if copy_to.shape[0] != n or copy_to.shape[1] != weights.shape[1]:
+            raise ValueError(
+                f"pull_rows: expected an output of shape ({n}, {weights.shape[1]}), "
+                f"got ({copy_to.shape[0]}, {copy_to.shape[1]})"
+            )
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _pulled_records(index, weights, records, raw)
+    found_array = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] found = found_array
+    cdef Py_ssize_t missing
+    with nogil:
+        missing = _pull(index, &keys[0] if n else NULL, n, weights,
+                        &copy_to[0, 0] if copy and n else NULL, stats, tick,
+                        &found[0] if n else NULL)
+    return found_array, missing
+
+
+def pull_values(IdIndex index, values, float[:, ::1] weights, records, uint32_t tick):
+    """A training pull of a batch's ids as they come, repeats included:
+    ``unique_inverse`` and ``pull_rows`` in one call. Returns ``(unique,
+    inverse, rows, out, missing)``: the distinct ids (uint64, in order of
+    first appearance), each value's position among them, each distinct id's
+    row number (-1 where absent), its row (float32 [len(unique), dim]; rows
+    of absent ids are left unset) and the number of absent ids."""
+    cdef const uint64_t[::1] keys = _as_u64(values)
+    cdef Py_ssize_t n = keys.shape[0], dim = weights.shape[1]
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _pulled_records(index, weights, records, raw)
+    cdef int64_t capacity = 16
+    while capacity < 2 * n:
+        capacity *= 2
+    cdef int64_t* slots = <int64_t*>malloc(capacity * sizeof(int64_t))
+    if slots == NULL:
+        raise MemoryError()
+    unique_array = np.empty(n, dtype=np.uint64)
+    inverse_array = np.empty(n, dtype=np.int64)
+    found_array = np.empty(n, dtype=np.int64)
+    cdef uint64_t[::1] unique = unique_array
+    cdef int64_t[::1] inverse = inverse_array
+    cdef int64_t[::1] found = found_array
+    cdef Py_ssize_t count
+    try:
+        with nogil:
+            count = _distinct(&keys[0] if n else NULL, n, slots, capacity - 1,
+                              &unique[0] if n else NULL, &inverse[0] if n else NULL)
+    finally:
+        free(slots)
+    out_array = np.empty((count, dim), dtype=np.float32)
+    cdef float[:, ::1] out = out_array
+    cdef Py_ssize_t missing
+    with nogil:
+        missing = _pull(index, &unique[0] if n else NULL, count, weights,
+                        &out[0, 0] if count else NULL, stats, tick, &found[0] if n else NULL)
+    return unique_array[:count], inverse_array, found_array[:count], out_array, missing
+
+
+cdef RowStat* _pulled_records(IdIndex index, float[:, ::1] weights, records,
+                              uint8_t[::1] raw) except? NULL:
+    """The statistics records a pull counts in (NULL: none), checked against
+    the table's rows."""
+    cdef int64_t allocated = weights.shape[0]
+    cdef RowStat* stats = _records(records, raw) if records is not None else NULL
+    if records is not None and records.shape[0] < allocated:
+        raise ValueError(
+            f"pull_rows: {records.shape[0]} statistics records for {allocated} rows"
+        )
+    if index.size > allocated:
+        raise ValueError(f"pull_rows: the index has {index.size} rows, the table {allocated}")
+    return stats
+
+
+cdef Py_ssize_t _distinct(const uint64_t* keys, Py_ssize_t n, int64_t* slots, uint64_t mask,
+                          uint64_t* unique, int64_t* inverse) noexcept nogil:
+    """``unique_inverse``'s loop: ``slots`` (mask + 1 of them, a power of two
+    at least twice ``n``) is its scratch hash table. Returns the distinct count."""
+    cdef Py_ssize_t i, count = 0
+    cdef uint64_t pos
+    memset(slots, 0xFF, (mask + 1) * sizeof(int64_t))  # every slot -1: empty
+    for i in range(n):
+        pos = _mix64(keys[i]) & mask
+        while slots[pos] >= 0 and unique[slots[pos]] != keys[i]:
+            pos = (pos + 1) & mask
+        if slots[pos] < 0:
+            slots[pos] = count
+            unique[count] = keys[i]
+            count += 1
+        inverse[i] = slots[pos]
+    return count
+
+
+cdef Py_ssize_t _pull(IdIndex index, const uint64_t* keys, Py_ssize_t n, float[:, ::1] weights,
+                      float* copy_to, RowStat* stats, uint32_t tick,
+                      int64_t* found) noexcept nogil:
+    """``pull_rows``' loops: row numbers into ``found``, rows found copied to
+    ``copy_to`` (row-major [n, dim]; NULL: none), counted in ``stats`` (NULL:
+    not counted). Returns the number of absent ids."""
+    cdef Py_ssize_t i, dim = weights.shape[1]
+    cdef int64_t row
+    cdef Py_ssize_t missing = 0
+    cdef RowStat* record
+    # Two passes, so that the second knows the rows ahead and prefetches them
+    # (each row and record is a cache miss of its own).
+    for i in range(n):
+        if i + _AHEAD < n:
+            index._prefetch(keys[i + _AHEAD])
+        row = index._slot(keys[i])[1]
+        found[i] = row
+        if row < 0:
+            missing += 1
+    if copy_to != NULL or stats != NULL:
+        for i in range(n):
+            if i + _AHEAD < n and found[i + _AHEAD] >= 0:
+                row = found[i + _AHEAD]
+                if copy_to != NULL:
+                    __builtin_prefetch(&weights[row, 0])
+                if stats != NULL:
+                    __builtin_prefetch(stats + row)
+            row = found[i]
+            if row < 0:
+                continue
+            if copy_to != NULL:
+                memcpy(copy_to + i * dim, &weights[row, 0], dim * sizeof(float))
+            if stats != NULL:
+                record = stats + row
+                record.show += 1
+                record.last = tick
+                record.changed = 1
+    return missing
+
+
+def touch_rows(records, int64_t[::1] rows, uint32_t tick):
+    """A training pull of ``rows`` (-1: absent, skipped) counted in their
+    ROW_STATS_DTYPE ``records``: show + 1, last-seen tick ``tick``, flagged
+    changed since the last save."""
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _records(records, raw)
+    _check_record_rows(records, rows, True)
+    cdef Py_ssize_t i
+    cdef RowStat* record
+    with nogil:
+        for i in range(rows.shape[0]):
+            if rows[i] >= 0:
+                record = stats + rows[i]
+                record.show += 1
+                record.last = tick
+                record.changed = 1
+
+
+def add_clicks_rows(records, int64_t[::1] rows, float[::1] clicks):
+    """Adds ``clicks[i]`` to the click count of row ``rows[i]`` (-1: skipped)
+    and flags it changed."""
+    if clicks.shape[0] != rows.shape[0]:
+        raise ValueError(f"expected {rows.shape[0]} clicks (one per row), got {clicks.shape[0]}")
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _records(records, raw)
+    _check_record_rows(records, rows, True)
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(rows.shape[0]):
+            if rows[i] >= 0:
+                stats[rows[i]].click += clicks[i]
+                stats[rows[i]].changed = 1
+
+
+cdef _check_record_rows(records, int64_t[::1] rows, bint absent_allowed):
+    cdef Py_ssize_t i
+    cdef int64_t allocated = records.shape[0]
+    cdef int64_t lowest = -1 if absent_allowed else 0
+    for i in range(rows.shape[0]):
+        if rows[i] < lowest or rows[i] >= allocated:
+            raise IndexError(f"row {rows[i]} outside the table's {allocated} rows of statistics")
