@@ -22,8 +22,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from datafeed.source.fs import write_atomically
-
 from .job import restart
 from .job.errors import TrainerError
 from .job.role import ClusterRole
@@ -403,6 +401,8 @@ class Fleet:
         elif self.is_first_worker():
             os.makedirs(dirname, exist_ok=True)
             _local_persistables("save", dirname, self._target_model(model))
+            from datafeed.source.fs import write_atomically  # pyarrow: not at import trainer
+
             for name, data in extra.items():
                 write_atomically(os.path.join(dirname, name), data)
         if self.is_first_worker():
@@ -604,6 +604,8 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
             "or give it to fleet.distributed_model first"
         )
     if action == "save":
+        from datafeed.source.fs import write_atomically  # pyarrow: not at import trainer
+
         buffer = io.BytesIO()
         torch.save(model.state_dict(), buffer)
         write_atomically(path, buffer.getvalue())

@@ -465,3 +465,15 @@ def test_a_host_with_servers_only_ends_when_its_servers_do(tmp_path, dummy):
     assert not (tmp_path / "log_127.0.0.2" / "workerlog.0").exists()
     assert (tmp_path / "log_127.0.0.3" / "workerlog.0").read_text() == "worker 0 done\n"
     assert_all_gone(tmp_path)
+
+
+def test_fleetrun_and_import_trainer_stay_light():
+    """fleetrun starts every process of a job: importing it (and ``trainer``) loads
+    neither torch nor the data engine's pyarrow, which the roles load themselves."""
+    program = (
+        "import sys, trainer, trainer.job.launch\n"
+        "print(sorted(m for m in ('torch', 'pyarrow', 'datafeed') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, timeout=60)
+    assert done.stdout.strip() == "[]"

@@ -55,8 +55,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, NoReturn
 
-from datafeed.source.process_groups import process_table
-
 from . import hosts, keys, restart
 from .errors import CheckpointError
 
@@ -237,6 +235,9 @@ def _groups_below(processes: Sequence[subprocess.Popen]) -> set[int]:
     process below the live ones, from /proc: a command a child started in a
     session of its own (a dataset's pipe command) is not in the child's group,
     and once the child is dead it is no longer below it either."""
+    # datafeed (and pyarrow) only when a job stops: fleetrun starts light.
+    from datafeed.source.process_groups import process_table
+
     table = process_table()
     below: dict[int, list[int]] = {}
     for pid, entry in table.items():

@@ -23,8 +23,6 @@ import os
 import time
 from typing import Any
 
-from datafeed.source.fs import write_atomically
-
 from .errors import CheckpointError
 
 __all__ = [
@@ -93,6 +91,9 @@ def record_checkpoint(dirname: str, *, dataset: bool) -> None:
         "dataset": dataset,
         "time": time.time(),
     }
+    # datafeed (and pyarrow) only when a record is written: import trainer stays light.
+    from datafeed.source.fs import write_atomically
+
     write_atomically(path, json.dumps(entry).encode())
 
 
