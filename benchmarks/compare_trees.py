@@ -156,6 +156,28 @@ def global_shuffle(records: int) -> Benchmark:
     )
 
 
+def small_ctr_local(files: list[Path], held: Path, threads: int) -> Benchmark:
+    """The small CTR model trained locally (bench_small_ctr.py's fleetfeed child:
+    SparseEmbedding tables in the process), one process with ``threads`` trainers."""
+    config = {"mode": "local", "threads": threads, "files": [str(f) for f in files],
+              "heldout": str(held), "batch_size": 256, "epochs": 2, "seed": 0,
+              "lr": 0.1, "init_scale": 0.01}
+    name = f"small CTR local thread={threads}"
+
+    def extract(stdout: str) -> dict[str, float]:
+        run = last_json(stdout)
+        return {name: run["records_per_s"], f"{name} AUC": run["auc"]}
+
+    return Benchmark(
+        f"small CTR model, local, thread={threads} (benchmarks/bench_small_ctr.py)",
+        [Figure(name, "records/s", True), Figure(f"{name} AUC", "AUC", True)],
+        lambda tree: [
+            str(tree / "benchmarks" / "bench_small_ctr.py"), "--child", json.dumps(config),
+        ],
+        extract,
+    )
+
+
 def parameter_server(records: int) -> Benchmark:
     def extract(stdout: str) -> dict[str, float]:
         rows = table_rows(stdout)
@@ -228,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=1_000_000, help="engine input lines")
     parser.add_argument(
         "--only", nargs="*",
-        default=["engine", "speed", "generator", "global_shuffle", "ps"],
-        choices=["engine", "speed", "generator", "global_shuffle", "ps"],
+        default=["engine", "speed", "generator", "global_shuffle", "ps", "small_ctr"],
+        choices=["engine", "speed", "generator", "global_shuffle", "ps", "small_ctr"],
     )
     parser.add_argument("--no-write", action="store_true", help=f"print only, leave {RESULTS}")
     args = parser.parse_args(argv)
@@ -251,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(raw_paths) != 4:
         raw_paths = make_files(str(raw), files=4, lines=50_000, seed=0)
     source = str(HERE.parent / "examples" / "data" / "real" / "criteo_raw.tsv")
+    from make_small_ctr import write as write_small_ctr
+
+    small_files, small_held = write_small_ctr(data / "small_ctr", 20000, 4)
 
     benches = {
         "engine": [engine(engine_paths, threads=2)],
@@ -258,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "generator": [generator(200_000, source)],
         "global_shuffle": [global_shuffle(500_000)],
         "ps": [parameter_server(20_000)],
+        "small_ctr": [small_ctr_local(small_files, small_held, t) for t in (1, 2)],
     }
     lines = [
         "# Two trees side by side",
