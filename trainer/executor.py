@@ -24,6 +24,11 @@ examples/mlp_local (see ``train_from_dataset``).
 Every ``print_period`` batches it prints Paddle's line to stdout:
 ``time: [2024-01-01 12:00:00], batch: [100], loss[1]:[0.693]``.
 
+Paddle's own order, ``train_from_dataset(program, dataset, scope, ...)``, runs
+too (``_paddle_program``, ``_is_paddle_scope``): the program stands for the model
+and the optimizer that ``fleet`` holds, as Paddle's default main program holds
+the network and the ops that ``minimize`` added.
+
 This module checks the arguments and runs the pass; the threads, the loop and
 its counters are trainer/loop/train_loop.py's.
 """
@@ -123,11 +128,25 @@ class Executor:
                 parameters).
             program: Paddle's name for the first argument: the model.
 
+        Paddle's positional order, ``(program, dataset, scope, thread, ...)``,
+        is accepted rather than refused, so that a Paddle script's call runs
+        unchanged once the job has given its model to
+        ``fleet.distributed_model`` and its optimizer to
+        ``fleet.distributed_optimizer``: a first argument that is Paddle's
+        program (None, or a ``Program``: not callable, with ``global_block``)
+        stands for that model, and a third that is Paddle's scope (no
+        ``step()``, not callable, not a number or a string) for that optimizer.
+        Nothing is guessed: without a model or an optimizer in ``fleet`` the
+        call is refused with a message that shows fleetfeed's call.
+
         Returns:
             A ``RunSummary``.
 
         Raises:
             RuntimeError: no dataset, or no thread count anywhere.
+            TypeError: a model that is not callable, Paddle's program with no
+                model in ``fleet``, or a third argument that is neither an
+                optimizer nor Paddle's scope.
             ValueError: mismatched ``fetch_list``/``fetch_info``, a bad
                 ``print_period``, or no optimizer.
             Exception: whatever a worker thread raised, with its traceback; a
@@ -136,17 +155,34 @@ class Executor:
             TrainerProcessError: a Hogwild process ended without a result
                 (killed), or failed with an error of another type.
         """
+        del scope
+        model = _the_model("train_from_dataset", model, program)
+        call = _FLEETFEED_CALL.format("train_from_dataset")
+        paddle_scope = optimizer if _is_paddle_scope(optimizer) else None
+        if paddle_scope is not None:
+            optimizer = None
+        elif optimizer is not None and not callable(getattr(optimizer, "step", None)):
+            raise TypeError(
+                f"train_from_dataset's third argument must be an optimizer (with step()) or "
+                f"Paddle's scope, got {_describe(optimizer)}; fleetfeed's call is {call}"
+            )
         if optimizer is None:
             optimizer = fleet.current().optimizer
-            if optimizer is None:
-                raise ValueError(
-                    "train_from_dataset needs an optimizer: pass optimizer=..., or "
-                    "call fleet.distributed_optimizer(optimizer) first"
-                )
-        del scope
+        if optimizer is None and paddle_scope is not None:
+            raise ValueError(
+                f"train_from_dataset needs an optimizer: the third argument, "
+                f"{_describe(paddle_scope)}, is Paddle's scope, which stands for the optimizer "
+                f"given to fleet.distributed_optimizer, and none was given; call "
+                f"fleet.distributed_optimizer(optimizer) first, or {call}"
+            )
+        if optimizer is None:
+            raise ValueError(
+                f"train_from_dataset needs an optimizer: pass optimizer=..., or call "
+                f"fleet.distributed_optimizer(optimizer) first ({call})"
+            )
         return self._run(
             model, dataset, optimizer, thread, debug, fetch_list, fetch_info,
-            print_period, fetch_handler, train=True, program=program, hogwild=hogwild,
+            print_period, fetch_handler, train=True, hogwild=hogwild,
         )
 
     def infer_from_dataset(
@@ -170,12 +206,15 @@ class Executor:
         under ``torch.no_grad()``; threads run the forward in parallel. A
         ``"loss"`` output is optional. ``optimizer`` is accepted and ignored, for
         the symmetry with ``train_from_dataset`` (Paddle's signature).
-        Arguments and errors are otherwise those of ``train_from_dataset``.
+        Arguments and errors are otherwise those of ``train_from_dataset``, Paddle's
+        order ``(program, dataset, scope, ...)`` included (its scope lands on the
+        ignored ``optimizer``).
         """
         del optimizer, scope
+        model = _the_model("infer_from_dataset", model, program)
         return self._run(
             model, dataset, None, thread, debug, fetch_list, fetch_info,
-            print_period, fetch_handler, train=False, program=program,
+            print_period, fetch_handler, train=False,
         )
 
     # -- the loop --------------------------------------------------------------------
@@ -192,17 +231,10 @@ class Executor:
         print_period: int,
         fetch_handler: Any,
         train: bool,
-        program: Any = None,
         hogwild: bool = False,
     ) -> RunSummary:
-        if program is not None:
-            if model is not None:
-                raise TypeError("pass the model once: as model or as program, not both")
-            model = program
         if dataset is None:
             raise RuntimeError("dataset is needed and should be initialized")
-        if model is None or not callable(model):
-            raise TypeError(f"model must be callable as model(batch), got {model!r}")
         if not isinstance(print_period, int) or print_period < 1:
             raise ValueError(f"print_period must be an int >= 1, got {print_period!r}")
         names = _fetch_names(fetch_list)
@@ -296,6 +328,62 @@ class Executor:
                 )
             count = 1
         return count
+
+
+# What the errors show, with the method's name put in.
+_FLEETFEED_CALL = "exe.{}(model, dataset, optimizer, thread=..., fetch_list=[...])"
+
+
+def _the_model(what: str, model: Any, program: Any) -> Callable[[Any], Any]:
+    """The callable to run: ``model`` (or ``program=``, Paddle's keyword), or,
+    for Paddle's program in that place, the model ``fleet`` holds."""
+    if program is not None:
+        if model is not None:
+            raise TypeError("pass the model once: as model or as program, not both")
+        model = program
+    if _paddle_program(model):
+        held = fleet.current().model
+        if held is None:
+            raise TypeError(
+                f"{what} got Paddle's program ({_describe(model)}) in place of the model, "
+                f"and fleet holds no model for it to stand for: call "
+                f"{_FLEETFEED_CALL.format(what)} with the model, or give the model to "
+                f"fleet.distributed_model(model) first"
+            )
+        return held
+    if not callable(model):
+        raise TypeError(
+            f"model must be callable as model(batch), got {_describe(model)}; fleetfeed's "
+            f"call is {_FLEETFEED_CALL.format(what)}"
+        )
+    return model
+
+
+def _paddle_program(value: Any) -> bool:
+    """Whether ``value`` is Paddle's program argument: None (its default main
+    program) or a ``Program``/``CompiledProgram`` (has ``global_block``)."""
+    if value is None:
+        return True
+    return not callable(value) and (
+        hasattr(value, "global_block") or type(value).__name__ in ("Program", "CompiledProgram")
+    )
+
+
+def _is_paddle_scope(value: Any) -> bool:
+    """Whether ``value``, in the optimizer's place, is Paddle's scope: no
+    ``step()``, not callable, not a number or a string (a thread count or a
+    name there is a mistake)."""
+    if value is None or callable(getattr(value, "step", None)) or callable(value):
+        return False
+    return not isinstance(value, (int, float, str, bytes))
+
+
+def _describe(value: Any) -> str:
+    """A short name for ``value`` in an error: a plain value itself, else its type."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        text = repr(value)
+        return text if len(text) <= 40 else f"a {type(value).__name__}"
+    return f"a {type(value).__name__}"
 
 
 def _fetch_names(fetch_list: Sequence[Any] | None) -> list[str]:

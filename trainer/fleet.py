@@ -12,6 +12,11 @@
 - non-distributed fallback (no role environment): one local worker;
   ``init_worker``/``stop_worker``/``init_server``/``run_server`` do nothing but
   log a line (Paddle warns), so the same script runs on a laptop.
+
+The classes Paddle code reaches through its ``fleet`` module are here too:
+``fleet.DistributedStrategy``, ``fleet.StrategyFactory`` (Paddle 1.x),
+``fleet.PaddleCloudRoleMaker``, ``fleet.UserDefinedRoleMaker``, ``fleet.Role``,
+``fleet.MultiSlotDataGenerator`` and ``fleet.MultiSlotStringDataGenerator``.
 """
 
 from __future__ import annotations
@@ -20,16 +25,26 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .job import restart
 from .job.errors import TrainerError
-from .job.role import ClusterRole
-from .job.role_maker import PaddleCloudRoleMaker, RoleMakerBase
-from .job.strategy import DistributedStrategy
+from .job.role import ClusterRole, Role
+from .job.role_maker import PaddleCloudRoleMaker, RoleMakerBase, UserDefinedRoleMaker
+from .job.strategy import DistributedStrategy, StrategyFactory
+
+if TYPE_CHECKING:  # loaded on first use (the module's __getattr__)
+    from generators import MultiSlotDataGenerator, MultiSlotStringDataGenerator
 
 __all__ = [
+    "DistributedStrategy",
     "Fleet",
+    "MultiSlotDataGenerator",
+    "MultiSlotStringDataGenerator",
+    "PaddleCloudRoleMaker",
+    "Role",
+    "StrategyFactory",
+    "UserDefinedRoleMaker",
     "UtilBase",
     "barrier_worker",
     "current",
@@ -314,8 +329,11 @@ class Fleet:
 
         PS mode: the runtime's optimizer (its ``step()`` pushes sparse and dense
         gradients); servers call this too, which is how they learn the model.
-        Collective mode: ``optimizer`` itself (``DistributedDataParallel``
-        all-reduces the gradients). Non-distributed: the PS runtime's local mode
+        Collective mode: a ``CollectiveOptimizer``, whose ``step()`` (and
+        ``minimize(loss)``) averages the gradients of the replicated parameters
+        over the ranks, with or without ``distributed_model``, and starts every
+        rank from rank 0's parameters; ``is_distributed`` shards are left alone
+        (trainer/collective/data_parallel.py). Non-distributed: the PS runtime's local mode
         (its ``step()`` also updates the in-process sparse tables).
 
         The sparse tables are those of the model holding the optimizer's
@@ -346,18 +364,28 @@ class Fleet:
         elif not self.role.is_collective and _ps_available():
             # Local mode of the PS runtime: sparse tables in this process.
             wrapped = self._get_runtime().distributed_optimizer(optimizer, model)
+        elif self.role.is_collective and self.role.distributed:
+            # Paddle's minimize() inserts the gradient all-reduce: so does this
+            # step(), with or without distributed_model.
+            from .collective.data_parallel import CollectiveOptimizer
+
+            wrapped = optimizer if isinstance(optimizer, CollectiveOptimizer) else (
+                CollectiveOptimizer(optimizer)
+            )
         else:
             wrapped = optimizer
         self.optimizer = wrapped
         return wrapped
 
     def distributed_model(self, model: Any) -> Any:
-        """Collective mode: ``DistributedDataParallel(model)``; otherwise ``model``."""
+        """Collective mode: ``DistributedDataParallel(model)``, which neither
+        broadcasts nor averages the parameters marked ``is_distributed=True``
+        (model-parallel shards); otherwise ``model``."""
         self.model = model
         if self.role.is_collective and self.role.distributed:
-            from .collective import process_group as collective
+            from .collective import data_parallel
 
-            wrapped = collective.distributed_model(
+            wrapped = data_parallel.distributed_model(
                 model, find_unused_parameters=self._strategy.find_unused_parameters
             )
             self.model = wrapped
@@ -624,6 +652,19 @@ def current() -> Fleet:
     ``optimizer`` and ``model`` are what ``distributed_optimizer`` and
     ``distributed_model`` last returned."""
     return _FLEET
+
+
+
+
+def __getattr__(name: str) -> Any:
+    # Paddle's fleet module carries the generator base classes (PaddleRec's
+    # reader.py subclasses fleet.MultiSlotDataGenerator): loaded on first use,
+    # so a training process never loads the generators' compiled formatter.
+    if name in ("MultiSlotDataGenerator", "MultiSlotStringDataGenerator"):
+        import generators
+
+        return getattr(generators, name)
+    raise AttributeError(f"module 'trainer.fleet' has no attribute {name!r}")
 
 
 init = _FLEET.init

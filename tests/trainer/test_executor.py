@@ -198,6 +198,90 @@ def test_argument_errors(tmp_path):
         executor.train_from_dataset(model, dataset)
 
 
+class PaddleProgram:
+    """What ``paddle.static.default_main_program()`` is to the call: not callable,
+    with Paddle's ``global_block()``."""
+
+    def global_block(self) -> None:
+        return None
+
+
+class PaddleScope:
+    """What ``paddle.static.global_scope()`` is: variables by name, no ``step()``."""
+
+    def find_var(self, name: str) -> None:
+        return None
+
+
+@pytest.fixture
+def fleet_left_clean():
+    yield
+    fleet.init()  # the next test finds no model or optimizer of this one's in fleet
+
+
+def test_paddles_positional_order_runs_the_model_and_optimizer_fleet_holds(
+    tmp_path, capsys, fleet_left_clean
+):
+    dataset = make(InMemoryDataset, write_files(tmp_path, files=1, per_file=40))
+    fleet.init()
+    model = fleet.distributed_model(Logistic())
+    fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.5))
+    before = model.linear.weight.detach().clone()
+    executor = Executor()
+    # The parameter-server quick start's call, unchanged.
+    summary = executor.train_from_dataset(
+        PaddleProgram(), dataset, PaddleScope(), debug=False, fetch_list=["loss"],
+        fetch_info=["loss"], print_period=1,
+    )
+    assert (summary.batches, summary.records) == (2, 40)
+    assert not torch.equal(model.linear.weight, before)  # fleet's optimizer stepped it
+    assert len([PAPER_LINE.match(line) for line in capsys.readouterr().out.splitlines()]) == 2
+    # The model first with Paddle's scope third; None for the program (Paddle's default).
+    stepped = model.linear.weight.detach().clone()
+    assert executor.train_from_dataset(model, dataset, PaddleScope(), fetch_list=[]).records == 40
+    assert not torch.equal(model.linear.weight, stepped)
+    assert executor.train_from_dataset(None, dataset, PaddleScope(), fetch_list=[]).records == 40
+    trained = model.linear.weight.detach().clone()
+    for program in (PaddleProgram(), None):
+        summary = executor.infer_from_dataset(program, dataset, PaddleScope(), fetch_list=[])
+        assert summary.records == 40 and summary.mean_loss is not None
+    assert torch.equal(model.linear.weight, trained)
+
+
+def test_paddles_order_without_fleets_model_or_optimizer_shows_fleetfeeds_call(
+    tmp_path, fleet_left_clean
+):
+    dataset = make(InMemoryDataset, write_files(tmp_path, files=1, per_file=20))
+    fleet.init()  # holds no model and no optimizer
+    executor = Executor()
+    call = re.escape("exe.train_from_dataset(model, dataset, optimizer, thread=..., fetch_list=[")
+    with pytest.raises(
+        TypeError,
+        match=r"train_from_dataset got Paddle's program \(a PaddleProgram\) in place of the "
+        f"model, and fleet holds no model for it to stand for: call {call}.* with the model, "
+        r"or give the model to fleet.distributed_model\(model\) first",
+    ):
+        executor.train_from_dataset(PaddleProgram(), dataset, PaddleScope())
+    with pytest.raises(TypeError, match=r"infer_from_dataset got Paddle's program \(None\)"):
+        executor.infer_from_dataset(None, dataset)
+    model = Logistic()
+    with pytest.raises(
+        ValueError,
+        match=r"needs an optimizer: the third argument, a PaddleScope, is Paddle's scope, which "
+        r"stands for the optimizer given to fleet.distributed_optimizer, and none was given; "
+        rf"call fleet.distributed_optimizer\(optimizer\) first, or {call}",
+    ):
+        executor.train_from_dataset(model, dataset, PaddleScope())
+    with pytest.raises(
+        TypeError,
+        match=r"third argument must be an optimizer \(with step\(\)\) or Paddle's scope, "
+        f"got 4; fleetfeed's call is {call}",
+    ):
+        executor.train_from_dataset(model, dataset, 4)
+    with pytest.raises(TypeError, match=r"model must be callable as model\(batch\), got a dict"):
+        executor.train_from_dataset({"w": 1}, dataset, torch.optim.SGD(model.parameters(), lr=1))
+
+
 # -- metrics ----------------------------------------------------------------------------
 
 

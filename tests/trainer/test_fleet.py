@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -113,6 +115,77 @@ def test_strategy_rejects_unknown_names_and_bad_values():
         strategy.a_sync_configs = {"k_steps": "4"}
     with pytest.raises(ValueError, match="k_steps'\\] must be >= 0 \\(or -1, unset\\), got -5"):
         strategy.a_sync_configs = {"k_steps": -5}
+
+
+def test_strategy_factory_makes_paddles_three_modes():
+    # PaddleRec's distributed guide: strategy = StrategyFactory.create_sync_strategy()
+    from trainer import StrategyFactory
+    from trainer.job.strategy import parameter_server_mode
+
+    assert fleet.StrategyFactory is StrategyFactory
+    made = {
+        "sync": StrategyFactory.create_sync_strategy(),
+        "async": StrategyFactory.create_async_strategy(),
+        "geo": StrategyFactory.create_geo_strategy(20),
+    }
+    assert {mode: (s.a_sync, s.a_sync_configs["k_steps"], s.mode) for mode, s in made.items()} == {
+        "sync": (False, 0, "sync"), "async": (True, 0, "async"), "geo": (True, 20, "geo"),
+    }
+    assert all(isinstance(s, DistributedStrategy) for s in made.values())
+    assert parameter_server_mode(made["geo"]) == ("geo", 20)
+    assert StrategyFactory.create_geo_strategy().k_steps == 100  # Paddle's default
+    fleet.init(strategy=made["sync"])
+    assert fleet.current().strategy.mode == "sync"
+    with pytest.raises(NotImplementedError, match="half-async .* use create_sync_strategy"):
+        StrategyFactory.create_half_async_strategy()
+
+
+@pytest.mark.parametrize(
+    ("update_frequency", "error", "message"),
+    [
+        (0, ValueError, r"update_frequency\) takes the steps between two pushes as an int >= 1, "
+                        "got 0"),
+        (-3, ValueError, "as an int >= 1, got -3"),
+        (2.5, TypeError, r"as an int >= 1, got 2.5 \(float\)"),
+        (True, TypeError, r"as an int >= 1, got True \(bool\)"),
+        ("10", TypeError, r"as an int >= 1, got '10' \(str\)"),
+    ],
+)
+def test_strategy_factory_refuses_a_bad_geo_period(update_frequency, error, message):
+    with pytest.raises(error, match=message):
+        fleet.StrategyFactory.create_geo_strategy(update_frequency)
+
+
+def test_paddles_classes_are_on_fleet_where_paddle_code_reaches_for_them():
+    import generators
+    import trainer
+
+    assert (fleet.MultiSlotDataGenerator, fleet.MultiSlotStringDataGenerator) == (
+        generators.MultiSlotDataGenerator, generators.MultiSlotStringDataGenerator)
+    assert (fleet.DistributedStrategy, fleet.PaddleCloudRoleMaker, fleet.UserDefinedRoleMaker,
+            fleet.Role) == (DistributedStrategy, trainer.PaddleCloudRoleMaker,
+                            UserDefinedRoleMaker, Role)
+
+
+def test_a_paddlerec_reader_subclasses_fleets_generator(tmp_path):
+    # PaddleRec's reader.py: `import paddle.distributed.fleet as fleet`, then
+    # `class Reader(fleet.MultiSlotDataGenerator)`; only the import changes.
+    reader = tmp_path / "reader.py"
+    reader.write_text(
+        "from trainer import fleet\n"
+        "class Reader(fleet.MultiSlotDataGenerator):\n"
+        "    def generate_sample(self, line):\n"
+        "        def samples():\n"
+        "            label, *ids = line.split()\n"
+        "            yield [('ids', [int(i) for i in ids]), ('label', [int(label)])]\n"
+        "        return samples\n"
+        "Reader().run_from_stdin()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(reader)], input="1 7 8\n0 9\n", capture_output=True, text=True,
+        timeout=60, check=True,
+    )
+    assert done.stdout == "2 7 8 1 1\n1 9 1 0\n"
 
 
 def test_local_mode_trains_sparse_tables_through_the_ps_runtime(tmp_path):

@@ -477,3 +477,163 @@ def test_fleetrun_and_import_trainer_stay_light():
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, timeout=60)
     assert done.stdout.strip() == "[]"
+
+
+def test_import_generators_stays_light():
+    """PaddleRec's reader.py reaches the generator classes through ``fleet``:
+    ``generators`` (which ``fleet.MultiSlotDataGenerator`` loads) loads neither
+    torch nor pyarrow."""
+    program = (
+        "import sys, generators\n"
+        "heavy = ('torch', 'pyarrow', 'datafeed', 'trainer')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, timeout=60)
+    assert done.stdout.strip() == "[]"
+
+
+# A rank of a collective job: what it was given, one file per rank.
+RANK_ENV = r'''
+import json, os, sys
+keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "TRAINING_ROLE",
+        "PADDLE_PSERVERS_IP_PORT_LIST"]
+path = os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json")
+with open(path + ".partial", "w") as f:
+    json.dump({k: os.environ.get(k) for k in keys}, f)
+os.replace(path + ".partial", path)
+'''
+
+
+@pytest.mark.distributed
+def test_gpus_gives_each_rank_only_its_own_gpu(tmp_path):
+    # Paddle's `fleetrun --gpus=0,1 train.py`: one rank per GPU, each seeing its
+    # GPU alone as cuda:0. A stale parameter-server environment is dropped.
+    script = tmp_path / "rank_env.py"
+    script.write_text(RANK_ENV)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(TRAINING_ROLE="TRAINER", PADDLE_PSERVERS_IP_PORT_LIST="127.0.0.1:6001")
+    result = fleetrun("--gpus=3,5", str(script), str(tmp_path), cwd=tmp_path, env=env, timeout=90)
+    assert result.returncode == 0, result.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks == [
+        {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "3",
+         "TRAINING_ROLE": None, "PADDLE_PSERVERS_IP_PORT_LIST": None},
+        {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "5",
+         "TRAINING_ROLE": None, "PADDLE_PSERVERS_IP_PORT_LIST": None},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "visible", "message"),
+    [
+        (["--gpus=0,x"], None,
+         r"--gpus must be GPU ids separated by commas \('0,1'\), found '0,x'"),
+        (["--gpus=1,1"], None, r"--gpus names a GPU twice: '1,1'"),
+        (["--nproc_per_node=3", "--gpus=0,1"], None,
+         r"--nproc_per_node=3 and --gpus=0,1 \(2 GPUs\) do not match"),
+        (["--server_num=1", "--worker_num=1", "--gpus=0"], None,
+         "give either parameter-server options or --nproc_per_node/--gpus, not both"),
+        (["--gpus=0,5"], "4,5",
+         r"--gpus=0,5: GPU 0 is not in this environment's CUDA_VISIBLE_DEVICES='4,5'"),
+    ],
+)
+def test_gpus_argument_errors(tmp_path, args, visible, message):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    result = fleetrun(*args, "train.py", cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert re.search(message, result.stderr), result.stderr
+
+
+@pytest.mark.distributed
+def test_a_collective_launch_of_a_script_without_is_collective_fails_naming_the_fix(tmp_path):
+    # Without the check every rank ran a job of its own and printed "worker 0 of 1".
+    script = tmp_path / "plain_init.py"
+    script.write_text(
+        "from trainer import fleet\n"
+        "fleet.init()\n"
+        "print(f'worker {fleet.worker_index()} of {fleet.worker_num()}', flush=True)\n"
+    )
+    result = fleetrun("--nproc_per_node=2", str(script), cwd=tmp_path, timeout=90)
+    assert result.returncode != 0
+    assert "worker 0 of 1" not in result.stdout
+    assert re.search(
+        r"RoleError: this process is rank [01] of WORLD_SIZE=2 \(torchrun, or fleetrun "
+        r"--nproc_per_node\), but a parameter-server role maker \(fleet.init\(\) without "
+        r"is_collective=True\) .* call fleet.init\(is_collective=True\) for a collective job",
+        result.stdout + result.stderr,
+    ), result.stdout + result.stderr
+
+
+def console_fleetrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """fleetrun as its console script runs: from a folder of its own, first on
+    sys.path (``python -m`` would put ``cwd`` there, where the user's module
+    would hide fleetfeed's package from fleetrun itself)."""
+    launcher = cwd / "bin" / "fleetrun"
+    launcher.parent.mkdir(exist_ok=True)
+    launcher.write_text("import sys\nfrom trainer.job.launch import main\nsys.exit(main())\n")
+    return subprocess.run(
+        [sys.executable, str(launcher), *args], cwd=cwd, capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=30, check=False,
+    )
+
+
+def test_a_script_named_like_a_fleetfeed_package_is_refused_before_anything_starts(tmp_path):
+    # Fleet's quick start launches `trainer.py`: here it would hide the trainer package
+    # from every process of the job ("'trainer' is not a package").
+    script = tmp_path / "trainer.py"
+    script.write_text("from trainer import fleet\nfleet.init()\n")
+    result = console_fleetrun("--server_num=1", "--worker_num=1", str(script), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"fleetrun: {script} hides fleetfeed's trainer package: the job's processes run with "
+        f"the script's folder, {tmp_path}, first on sys.path, so 'import trainer' there would "
+        "load it instead; rename it (train.py, say)"
+    )
+    assert not (tmp_path / "log").exists()  # nothing was started
+
+
+def test_a_package_folder_of_the_users_in_the_current_folder_stops_a_collective_job(tmp_path):
+    # torchrun's agent starts with `python -m` from the current folder.
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "generators").mkdir()
+    (tmp_path / "generators" / "__init__.py").write_text("")
+    result = console_fleetrun("--nproc_per_node=2", str(tmp_path / "jobs" / "train.py"),
+                              cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"fleetrun: {tmp_path / 'generators'} hides fleetfeed's generators package: the job's "
+        f"processes run with the current folder (fleetrun starts torchrun with -m), {tmp_path}, "
+        "first on sys.path, so 'import generators' there would load it instead; rename it"
+    )
+
+
+def test_hiding_modules_finds_modules_and_packages_not_namespace_folders(tmp_path):
+    from trainer.job.launch import hiding_modules
+
+    (tmp_path / "datafeed").mkdir()  # no __init__.py: a package later on the path wins
+    assert hiding_modules(str(tmp_path)) == []
+    (tmp_path / "datafeed.py").write_text("")
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    assert hiding_modules(str(tmp_path)) == [
+        ("datafeed", str(tmp_path / "datafeed.py")), ("trainer", str(tmp_path / "trainer")),
+    ]
+    assert hiding_modules(str(REPO)) == []  # fleetfeed's own packages
+
+
+def test_import_trainer_names_a_module_that_hides_datafeed_or_generators(tmp_path):
+    (tmp_path / "datafeed.py").write_text("")
+    (tmp_path / "train.py").write_text("from trainer import fleet\n")
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py")], capture_output=True, text=True,
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60, check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"ImportError: {tmp_path / 'datafeed.py'} hides fleetfeed's datafeed package: "
+        "'import datafeed' finds it first on sys.path (a script's own folder comes first); "
+        "rename it"
+    )

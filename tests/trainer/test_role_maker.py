@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from trainer import ClusterRole, PaddleCloudRoleMaker, Role, RoleError, UserDefinedRoleMaker
@@ -166,3 +168,56 @@ def test_a_server_named_by_host_name_finds_its_index_from_its_address():
     assert role_of(env).index == 0
     with pytest.raises(RoleError, match=r"'127.0.0.1:6003' is not in PADDLE_PSERVERS_IP_PORT_LIST"):
         role_of({**env, "PADDLE_PORT": "6003"})
+
+
+@pytest.mark.parametrize(
+    ("env", "launch"),
+    [
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+          "MASTER_PORT": "29500"},
+         r"rank 1 of WORLD_SIZE=2 \(torchrun, or fleetrun --nproc_per_node\)"),
+        ({"PADDLE_TRAINER_ID": "0", "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7001,127.0.0.1:7002"},
+         r"trainer 0 of the 2 in PADDLE_TRAINER_ENDPOINTS \(Paddle's collective launcher\)"),
+    ],
+)
+def test_a_parameter_server_role_maker_in_a_collective_launch_names_the_fix(env, launch):
+    # Without the check each of the N processes fell back to a job of its own:
+    # N copies of worker 0 of 1.
+    with pytest.raises(
+        RoleError,
+        match=f"this process is {launch}, but a parameter-server role maker "
+        r"\(fleet.init\(\) without is_collective=True\) finds no parameter-server roles .* "
+        r"call fleet.init\(is_collective=True\) for a collective job, or start a "
+        "parameter-server job with fleetrun --server_num=S --worker_num=W",
+    ):
+        role_of(env)
+
+
+def test_a_one_process_launch_still_runs_the_local_fallback():
+    for env in ({"RANK": "0", "WORLD_SIZE": "1"},
+                {"PADDLE_TRAINER_ID": "0", "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:7001"}):
+        role = role_of(env)
+        assert (role.index, role.worker_num, role.distributed) == (0, 1, False)
+
+
+@pytest.mark.parametrize(
+    ("env", "started_as"),
+    [
+        (ps_env(TRAINING_ROLE="PSERVER", POD_IP="127.0.0.1", PADDLE_PORT="6001"),
+         "PSERVER (TRAINING_ROLE='PSERVER', "),
+        (ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="1",
+                PADDLE_TRAINER_ENDPOINTS="127.0.0.1:7001,127.0.0.1:7002"),
+         "TRAINER (TRAINING_ROLE='TRAINER', "),
+        ({"PADDLE_PSERVERS_IP_PORT_LIST": SERVERS}, "process (TRAINING_ROLE=not set, "),
+    ],
+)
+def test_a_collective_role_maker_in_a_parameter_server_launch_names_the_fix(env, started_as):
+    # A worker used to take a collective role from PADDLE_TRAINER_ENDPOINTS, a
+    # server the local fallback.
+    with pytest.raises(
+        RoleError,
+        match=re.escape(f"this process was started as a parameter-server job's {started_as}")
+        + r".* call fleet.init\(\) for a parameter-server job, or start a collective job with "
+        "fleetrun --nproc_per_node=N",
+    ):
+        role_of(env, True)

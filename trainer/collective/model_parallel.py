@@ -123,6 +123,15 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return _AllReduce.apply(x)
 
 
+def _mark_shards(*parameters: nn.Parameter | None) -> None:
+    """Marks each parameter as this rank's slice of a split weight (Paddle's
+    ``is_distributed=True``): data parallelism neither broadcasts nor averages
+    it (trainer/collective/data_parallel.py)."""
+    for parameter in parameters:
+        if parameter is not None:
+            parameter.is_distributed = True
+
+
 class ColumnParallelLinear(nn.Module):
     """``nn.Linear(in_features, out_features)`` with the output features split
     across ranks (Paddle's ``split(..., axis=1)``).
@@ -157,6 +166,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = (
             nn.Parameter(full.bias[rank * part : (rank + 1) * part].clone()) if bias else None
         )
+        _mark_shards(self.weight, self.bias)
         self.gather_output = gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -190,6 +200,7 @@ class RowParallelLinear(nn.Module):
         weight = torch.empty(out_features, in_features).uniform_(-bound, bound, generator=generator)
         part = in_features // world
         self.weight = nn.Parameter(weight[:, rank * part : (rank + 1) * part].clone())
+        _mark_shards(self.weight)
         # The bias is added once, after the sum, and is the same on every rank.
         self.bias = (
             nn.Parameter(torch.empty(out_features).uniform_(-bound, bound, generator=generator))

@@ -1,5 +1,5 @@
-"""Collective mode on ``torch.distributed``: the process group, DDP and the byte
-and tensor collectives the fleet API needs.
+"""Collective mode on ``torch.distributed``: the process group and the byte and
+tensor collectives the fleet API needs.
 
 gloo on CPU, NCCL when CUDA is present. Every blocking call has a timeout and an
 error that names this rank (and, where torch says, the ranks that did not answer).
@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..job import bind, hosts
 from ..job.errors import WorkerFailedError
@@ -27,7 +26,6 @@ __all__ = [
     "all_reduce_tensor",
     "barrier",
     "destroy",
-    "distributed_model",
     "init_collective",
     "rank",
     "wait_for",
@@ -176,22 +174,6 @@ def barrier() -> None:
             ) from error
     else:
         wait_for(dist.barrier(async_op=True), "barrier")
-
-
-def distributed_model(model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
-    """``DistributedDataParallel(model)`` on this rank's device; the model itself
-    without a process group (the local fallback)."""
-    if not dist.is_initialized():
-        return model
-    if dist.get_backend() == "nccl":
-        device = torch.cuda.current_device()
-        model = model.to(device)
-        return nn.parallel.DistributedDataParallel(
-            model, device_ids=[device], find_unused_parameters=find_unused_parameters
-        )
-    return nn.parallel.DistributedDataParallel(
-        model, find_unused_parameters=find_unused_parameters
-    )
 
 
 def all_reduce_tensor(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

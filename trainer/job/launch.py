@@ -37,14 +37,27 @@ docs/restarts.md).
 
 Collective mode (``--nproc_per_node``, ``--nnodes``, ...) starts the job through
 ``torch.distributed.run`` (torchrun) with a fixed rendezvous on this machine,
-its store listening on ``--master_addr`` only (``trainer.job.bind``).
+its store listening on ``--master_addr`` only (``trainer.job.bind``). Paddle's
+``--gpus 0,1`` is one process per listed GPU, each seeing only its own, as
+``cuda:0`` (``_run_collective``). The parameter-server variables of the
+environment are dropped there, as torchrun's are in a parameter-server job.
+
+Before starting anything, fleetrun refuses a script whose folder holds a
+``trainer``, ``datafeed`` or ``generators`` module or package of the user's
+(Fleet's quick start names its script ``trainer.py``): every process runs with
+that folder first on ``sys.path``, so it would import that instead of
+fleetfeed's package (``hiding_modules``); in collective mode the current folder
+too, where torchrun's agent starts with ``python -m``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.machinery
+import importlib.util
 import os
+import re
 import secrets
 import signal
 import socket
@@ -58,8 +71,17 @@ from typing import IO, NoReturn
 from . import hosts, keys, restart
 from .errors import CheckpointError
 
-__all__ = ["main", "one_thread_unless_chosen"]
+__all__ = ["FLEETFEED_PACKAGES", "hiding_modules", "main", "one_thread_unless_chosen"]
 
+# fleetfeed's import packages, installed side by side (one distribution).
+FLEETFEED_PACKAGES = ("datafeed", "generators", "trainer")
+_PACKAGES_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+# Paddle's parameter-server variables (what fleetrun's PS mode sets): a collective
+# job drops them, since a stale value would give its ranks a parameter-server role.
+_PS_VARIABLES = (
+    "TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS",
+    "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "PADDLE_PORT",
+)
 LOG_TAIL_LINES = 20
 STOP_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.1
@@ -106,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
                          "from its last checkpoint (default 0: a failure ends the job)")
     coll = parser.add_argument_group("collective mode (torch.distributed.run)")
     coll.add_argument("--nproc_per_node", type=int, help="processes on this machine")
+    coll.add_argument("--gpus", "--selected_gpus", dest="gpus",
+                      help="GPU ids '0,1' (Paddle's option): one process per GPU, each seeing "
+                           "only its own as cuda:0 (CUDA_VISIBLE_DEVICES, LOCAL_RANK=0)")
     coll.add_argument("--nnodes", default="1", help="machines in the job (default 1)")
     coll.add_argument("--node_rank", type=int, default=0, help="this machine's rank")
     coll.add_argument("--master_addr", default="127.0.0.1", help="rendezvous host")
@@ -114,6 +139,97 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("training_script", help="the script every process runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _gpu_ids(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str] | None:
+    """``--gpus``, checked: GPU ids, each once, as many as ``--nproc_per_node``
+    when both are given, and among ``CUDA_VISIBLE_DEVICES`` when it is set (the
+    ids are the machine's, as in Paddle's launcher). None without ``--gpus``."""
+    if args.gpus is None:
+        return None
+    ids = [part.strip() for part in args.gpus.split(",")]
+    if not all(re.fullmatch(r"[0-9]+", part) for part in ids):
+        parser.error(f"--gpus must be GPU ids separated by commas ('0,1'), found {args.gpus!r}")
+    ids = [str(int(part)) for part in ids]
+    if len(set(ids)) != len(ids):
+        parser.error(f"--gpus names a GPU twice: {args.gpus!r} (one process per GPU)")
+    if args.nproc_per_node is not None and args.nproc_per_node != len(ids):
+        parser.error(
+            f"--nproc_per_node={args.nproc_per_node} and --gpus={args.gpus} ({len(ids)} GPUs) "
+            "do not match: the job runs one process per GPU"
+        )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        not_visible = [gpu for gpu in ids if gpu not in {v.strip() for v in visible.split(",")}]
+        if not_visible:
+            parser.error(
+                f"--gpus={args.gpus}: GPU {','.join(not_visible)} is not in this environment's "
+                f"CUDA_VISIBLE_DEVICES={visible!r}; give GPUs among those, or unset it"
+            )
+    if not _torchrun_takes("--virtual-local-rank"):
+        parser.error(
+            "--gpus needs torchrun's --virtual-local-rank, which this torch lacks (newer "
+            "releases have it): instead set CUDA_VISIBLE_DEVICES to the GPUs and give "
+            "--nproc_per_node=<their count> (each rank then uses GPU number LOCAL_RANK)"
+        )
+    return ids
+
+
+def _torchrun_takes(option: str) -> bool:
+    """Whether the installed ``torch.distributed.run`` has ``option``, read from its
+    source: fleetrun does not import torch (seconds), and which release first had
+    an option is not recorded anywhere it could check."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = os.path.join(spec.submodule_search_locations[0], "distributed", "run.py")
+    try:
+        with open(path, encoding="utf-8") as source:
+            return f'"{option}"' in source.read()
+    except OSError:
+        return False
+
+
+def hiding_modules(folder: str) -> list[tuple[str, str]]:
+    """The modules in ``folder`` that a process with that folder first on
+    ``sys.path`` (a script's own folder; the current one under ``python -m``)
+    would import in place of fleetfeed's packages.
+
+    Returns:
+        ``(package, path)`` for each: a module (``trainer.py``, or compiled) or a
+        package folder (with an ``__init__``), unless it is fleetfeed's own. A
+        folder without ``__init__`` hides nothing: a package later on the path
+        comes before a namespace portion.
+    """
+    found = []
+    for name in FLEETFEED_PACKAGES:
+        spec = importlib.machinery.PathFinder.find_spec(name, [folder])
+        if spec is None or spec.origin is None:
+            continue
+        is_package = spec.submodule_search_locations is not None
+        path = os.path.dirname(spec.origin) if is_package else spec.origin
+        if os.path.realpath(path) != os.path.join(_PACKAGES_HOME, name):
+            found.append((name, path))
+    return found
+
+
+def _refuse_hiding_modules(script: str, collective: bool) -> None:
+    """Stops fleetrun, before it starts anything, when the job's processes would
+    import one of the user's modules in place of fleetfeed's (``hiding_modules``)."""
+    folders = {os.path.dirname(os.path.abspath(script)): "the script's folder"}
+    if collective:
+        # torchrun's agent starts as ``python -m``, with the current folder first.
+        folders.setdefault(os.getcwd(), "the current folder (fleetrun starts torchrun with -m)")
+    problems = [
+        f"fleetrun: {path} hides fleetfeed's {name} package: the job's processes run with "
+        f"{what}, {folder}, first on sys.path, so 'import {name}' there would load it "
+        f"instead; rename it"
+        + (" (train.py, say)" if os.path.basename(path) == "trainer.py" else "")
+        for folder, what in folders.items()
+        for name, path in hiding_modules(folder)
+    ]
+    if problems:
+        raise SystemExit("\n".join(problems))
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -496,7 +612,11 @@ def _run_ps_attempt(
         _stop_all(children)
 
 
-def _run_collective(args: argparse.Namespace) -> int:
+def _run_collective(args: argparse.Namespace, gpus: list[str] | None) -> int:
+    """Starts the job through torchrun; with ``gpus``, torchrun's
+    ``--virtual-local-rank`` gives rank i only ``gpus[i]`` as ``cuda:0``
+    (``CUDA_VISIBLE_DEVICES``, ``LOCAL_RANK=0``): a rank cannot touch another's
+    GPU, and a script that picks ``cuda:LOCAL_RANK`` finds its own."""
     if args.nproc_per_node < 1:
         raise SystemExit(f"fleetrun: --nproc_per_node must be >= 1, got {args.nproc_per_node}")
     if str(args.nnodes) != "1" and not args.master_port:
@@ -513,9 +633,14 @@ def _run_collective(args: argparse.Namespace) -> int:
         f"--node_rank={args.node_rank}",
         f"--master_addr={args.master_addr}",
         f"--master_port={port}",
+        *(["--virtual-local-rank"] if gpus is not None else []),
         args.training_script, *args.training_script_args,
     ]
     env = _base_env()
+    for name in _PS_VARIABLES:
+        env.pop(name, None)  # not this job's: they would give a rank a parameter-server role
+    if gpus is not None:  # torchrun hands rank i the i-th of these
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun warns and sets it otherwise
     # The ranks' store entries are keyed with it (trainer.job.bind.KeyedStore).
     several_hosts = str(args.nnodes) != "1" or not keys.is_loopback(args.master_addr)
@@ -546,13 +671,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--max_restarts is for parameter-server jobs; a collective job restarts with "
             "torchrun's own --max-restarts"
         )
-    if ps_mode and args.nproc_per_node is not None:
-        parser.error("give either parameter-server options or --nproc_per_node, not both")
-    if not ps_mode and args.nproc_per_node is None:
+    collective = args.nproc_per_node is not None or args.gpus is not None
+    if ps_mode and collective:
+        parser.error("give either parameter-server options or --nproc_per_node/--gpus, not both")
+    if not ps_mode and not collective:
         parser.error(
             "give --server_num/--worker_num (parameter-server job) or --nproc_per_node "
-            "(collective job)"
+            "or --gpus (collective job)"
         )
+    gpus = _gpu_ids(parser, args)
+    if gpus is not None:
+        args.nproc_per_node = len(gpus)
+    _refuse_hiding_modules(args.training_script, collective)
     _SIGNALS_WHILE_STOPPING.clear()
     previous = {
         signum: signal.signal(signum, _raise_interrupted)
@@ -563,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             servers, workers = _ps_endpoints(parser, args)
             status = _run_ps(args, servers, workers)
         else:
-            status = _run_collective(args)
+            status = _run_collective(args, gpus)
     except _Interrupted as interrupted:
         print(f"fleetrun: {interrupted}, stopped every process", file=sys.stderr, flush=True)
         status = 128 + interrupted.signum

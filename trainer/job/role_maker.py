@@ -111,6 +111,19 @@ class PaddleCloudRoleMaker(RoleMakerBase):
     file ``FLEETFEED_JOB_KEY_FILE`` names; ``trainer.job.keys``) into
     ``ClusterRole.job_secret``.
 
+    A role that contradicts the launcher is a ``RoleError`` naming the fix, not
+    a warning: a parameter-server role maker in one of several processes of a
+    collective launch (torchrun's ``WORLD_SIZE`` > 1, or Paddle's
+    ``PADDLE_TRAINER_ENDPOINTS`` of several workers), which would otherwise
+    fall back to a job of its own in every process: N copies of worker 0 of
+    1, each training on all the data and saving to the same place, results
+    silently wrong; and a collective role maker in a process that a
+    parameter-server launcher started (``TRAINING_ROLE`` or
+    ``PADDLE_PSERVERS_IP_PORT_LIST`` set, no torchrun variables), whose
+    servers have no collective role. Neither mix has a use that the other
+    launcher or the other ``is_collective`` does not serve, and a warning would
+    scroll by in N logs while the job ran.
+
     Args:
         is_collective: a collective job rather than a parameter-server job.
         environ: the environment to read (default ``os.environ``), for tests and
@@ -140,6 +153,16 @@ class PaddleCloudRoleMaker(RoleMakerBase):
                     "TRAINING_ROLE is 'PSERVER' but PADDLE_PSERVERS_IP_PORT_LIST is "
                     f"{_found(servers_text)}: a server needs the list of server "
                     "endpoints"
+                )
+            launch = _collective_launch(env)
+            if launch is not None:
+                raise RoleError(
+                    f"this process is {launch}, but a parameter-server role maker "
+                    "(fleet.init() without is_collective=True) finds no parameter-server "
+                    "roles (PADDLE_PSERVERS_IP_PORT_LIST is not set) and would run every "
+                    "process as worker 0 of a job of its own: call "
+                    "fleet.init(is_collective=True) for a collective job, or start a "
+                    "parameter-server job with fleetrun --server_num=S --worker_num=W"
                 )
             # Paddle's non-distributed fallback: one local worker.
             return ClusterRole(Role.WORKER, 0, 1, distributed=False, job_secret=secret)
@@ -195,6 +218,18 @@ class PaddleCloudRoleMaker(RoleMakerBase):
             self.master_endpoint = f"{addr}:{port}"
             return ClusterRole(
                 Role.WORKER, rank, world_size, is_collective=True, job_secret=secret
+            )
+        ps_role = env.get("TRAINING_ROLE", "").strip()
+        ps_servers = env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").strip()
+        if ps_role or ps_servers:
+            raise RoleError(
+                f"this process was started as a parameter-server job's "
+                f"{ps_role or 'process'} (TRAINING_ROLE={_found(env.get('TRAINING_ROLE'))}, "
+                f"PADDLE_PSERVERS_IP_PORT_LIST={_found(env.get('PADDLE_PSERVERS_IP_PORT_LIST'))}: "
+                "fleetrun --server_num/--worker_num or Paddle's environment), but a "
+                "collective role maker (fleet.init(is_collective=True)) has no role for "
+                "it: call fleet.init() for a parameter-server job, or start a collective "
+                "job with fleetrun --nproc_per_node=N"
             )
         if env.get("PADDLE_TRAINER_ENDPOINTS"):  # Paddle's collective launcher
             workers = _endpoints("PADDLE_TRAINER_ENDPOINTS", env["PADDLE_TRAINER_ENDPOINTS"])
@@ -314,6 +349,28 @@ class UserDefinedRoleMaker(RoleMakerBase):
 
 
 # -- parsing helpers ---------------------------------------------------------------
+
+
+def _collective_launch(env: Mapping[str, str]) -> str | None:
+    """What makes this process one of several in a collective launch, as text
+    for an error; None when nothing does. Values that do not parse are left to
+    the collective role maker, which names them."""
+    try:
+        world_size = int(env.get("WORLD_SIZE", "").strip())
+    except ValueError:
+        world_size = 0
+    if world_size > 1:
+        return (
+            f"rank {env.get('RANK', '?')} of WORLD_SIZE={world_size} (torchrun, or fleetrun "
+            "--nproc_per_node)"
+        )
+    workers = [e for e in env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e.strip()]
+    if len(workers) > 1 and "PADDLE_TRAINER_ID" in env:
+        return (
+            f"trainer {env['PADDLE_TRAINER_ID']} of the {len(workers)} in "
+            "PADDLE_TRAINER_ENDPOINTS (Paddle's collective launcher)"
+        )
+    return None
 
 
 def _found(value: str | None) -> str:

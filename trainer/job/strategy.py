@@ -6,6 +6,11 @@ True by default and setting it resets ``a_sync_configs["k_steps"]`` to 0;
 unknown key is a ``KeyError`` that lists the known ones (Paddle asserts), and an
 untouched ``k_steps`` (-1, where Paddle's parameter-server optimizer silently does
 not apply) reads as 0, so the default strategy means async.
+
+``StrategyFactory`` is Paddle 1.x's way to the same three modes
+(``paddle.fluid.incubate.fleet.parameter_server.distribute_transpiler.
+distributed_strategy``), still what PaddleRec's distributed guide calls: its
+``create_*_strategy()`` return a ``DistributedStrategy`` set for that mode.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from .errors import TrainerError
 
-__all__ = ["MODES", "DistributedStrategy", "parameter_server_mode"]
+__all__ = ["MODES", "DistributedStrategy", "StrategyFactory", "parameter_server_mode"]
 
 # The parameter-server modes, as ``DistributedStrategy.mode`` names them.
 MODES = ("async", "sync", "geo")
@@ -167,6 +172,66 @@ class DistributedStrategy:
             f"DistributedStrategy(a_sync={self._a_sync}, "
             f"a_sync_configs={self._a_sync_configs}, "
             f"find_unused_parameters={self._find_unused_parameters})"
+        )
+
+
+class StrategyFactory:
+    """Paddle 1.x's ``StrategyFactory``: a ``DistributedStrategy`` per mode.
+
+    ``fleet.distributed_optimizer(optimizer, StrategyFactory.create_sync_strategy())``
+    trains as Paddle's ``SyncStrategy`` does; the same for async and GEO.
+    """
+
+    @staticmethod
+    def create_sync_strategy() -> DistributedStrategy:
+        """Synchronous training: ``a_sync=False`` (``k_steps`` 0)."""
+        strategy = DistributedStrategy()
+        strategy.a_sync = False
+        return strategy
+
+    @staticmethod
+    def create_async_strategy() -> DistributedStrategy:
+        """Asynchronous training: ``a_sync=True``, ``k_steps`` 0."""
+        strategy = DistributedStrategy()
+        strategy.a_sync = True
+        return strategy
+
+    @staticmethod
+    def create_geo_strategy(update_frequency: int = 100) -> DistributedStrategy:
+        """GEO: workers train locally and push their deltas every
+        ``update_frequency`` steps (``a_sync=True``, ``k_steps=update_frequency``;
+        Paddle's default 100).
+
+        Raises:
+            TypeError: ``update_frequency`` is not an int.
+            ValueError: ``update_frequency`` is below 1.
+        """
+        if isinstance(update_frequency, bool) or not isinstance(update_frequency, int):
+            raise TypeError(
+                f"StrategyFactory.create_geo_strategy(update_frequency) takes the steps "
+                f"between two pushes as an int >= 1, got {update_frequency!r} "
+                f"({type(update_frequency).__name__})"
+            )
+        if update_frequency < 1:
+            raise ValueError(
+                f"StrategyFactory.create_geo_strategy(update_frequency) takes the steps "
+                f"between two pushes as an int >= 1, got {update_frequency}"
+            )
+        strategy = StrategyFactory.create_async_strategy()
+        strategy.a_sync_configs = {"k_steps": update_frequency}
+        return strategy
+
+    @staticmethod
+    def create_half_async_strategy() -> DistributedStrategy:
+        """Paddle 1.x's half-async mode, which fleetfeed does not have.
+
+        Raises:
+            NotImplementedError: always, naming the modes there are.
+        """
+        raise NotImplementedError(
+            "StrategyFactory.create_half_async_strategy(): Paddle 1.x's half-async "
+            "communicator is not a fleetfeed mode; use create_sync_strategy() (every "
+            "worker's step applied together) or create_async_strategy()"
         )
 
 

@@ -1,0 +1,292 @@
+"""Collective training that cannot silently diverge (issue 24): Fleet's quick
+start ported by its imports, with and without ``distributed_model``, and
+model-parallel shards (``is_distributed=True``) that are never averaged.
+
+Two real ranks on gloo over 127.0.0.1; each writes its parameters, and the test
+replays the same steps in one process to get what they must be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support import REPO, reserved_ports
+from torch import nn
+
+pytestmark = pytest.mark.distributed
+
+STEPS = 20
+
+# Fleet's collective quick start, as a Paddle user ports it: the MLP, gen_data,
+# fleet.init(is_collective=True), distributed_optimizer(...).minimize(cost). Each
+# rank builds its model from its own seed: the ranks must still train one model.
+RANK_SCRIPT = r'''
+import json, os, sys
+import torch
+from torch import nn
+from trainer import fleet
+
+out, scenario, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rank = int(os.environ["RANK"])
+torch.set_num_threads(1)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                         nn.Linear(64, 2))
+
+
+def gen_data(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.rand(128, 32, generator=g), torch.randint(0, 2, (128,), generator=g)
+
+
+class Sharded(nn.Module):
+    """A replicated layer beside a model-parallel shard: each rank holds its own
+    slice of the second layer's weight, marked as Paddle marks it."""
+
+    def __init__(self):
+        super().__init__()
+        self.replicated = nn.Linear(8, 1)
+        self.shard = nn.Linear(8, 1, bias=False)
+        self.shard.weight.is_distributed = True
+
+    def forward(self, x):
+        return self.replicated(x) + self.shard(x)
+
+
+class Uneven(nn.Module):
+    """The MLP, a layer only rank 0 uses and a layer no rank uses."""
+
+    def __init__(self):
+        super().__init__()
+        # Declared first, so last in the backward's order: the MLP's buckets
+        # leave while the backward runs, and go stale at the second backward.
+        self.unused = nn.Linear(2, 2)
+        self.rank0_only = nn.Linear(32, 2)
+        torch.manual_seed(100 + rank)
+        self.mlp = mlp()
+
+    def forward(self, x, rank):
+        out = self.mlp(x)
+        return out + self.rank0_only(x) if rank == 0 else out
+
+
+fleet.init(is_collective=True)
+torch.manual_seed(100 + rank)  # a different start on every rank
+if scenario == "accumulate":
+    from trainer.collective import data_parallel
+
+    data_parallel.BUCKET_BYTES = 16 << 10  # several buckets for this small MLP
+    model = Uneven()
+    optimizer = fleet.distributed_optimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    for step in range(steps):
+        for micro in range(2):  # two backwards before each step
+            x, y = gen_data(rank, 2 * step + micro)
+            nn.functional.cross_entropy(model(x, rank), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+elif scenario == "sharded":
+    model = Sharded()
+    net = fleet.distributed_model(model)
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+else:
+    model = mlp()
+    net = fleet.distributed_model(model) if scenario == "ddp" else model
+    optimizer = fleet.distributed_optimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    for step in range(steps):
+        x, y = gen_data(rank, step)
+        optimizer.minimize(nn.functional.cross_entropy(net(x), y))
+params = {name: p.detach().reshape(-1).tolist() for name, p in model.named_parameters()}
+json.dump(params, open(os.path.join(out, f"rank{rank}.json"), "w"))
+fleet.stop_worker()
+'''
+
+
+def run_two_ranks(tmp_path: Path, scenario: str) -> list[dict[str, torch.Tensor]]:
+    """Runs the script on ranks 0 and 1; their parameters by name."""
+    script = tmp_path / "quick_start_collective.py"
+    script.write_text(RANK_SCRIPT)
+    processes = []
+    with reserved_ports(1) as (port,):
+        try:
+            for rank in (0, 1):
+                env = dict(
+                    os.environ, PYTHONPATH=str(REPO), RANK=str(rank), WORLD_SIZE="2",
+                    LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                    OMP_NUM_THREADS="1",
+                )
+                processes.append(subprocess.Popen(
+                    [sys.executable, str(script), str(tmp_path), scenario, str(STEPS)],
+                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                ))
+            outputs = [process.communicate(timeout=120)[0] for process in processes]
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.communicate()
+    for process, output in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, output
+    return [
+        {name: torch.tensor(values) for name, values in
+         json.loads((tmp_path / f"rank{rank}.json").read_text()).items()}
+        for rank in (0, 1)
+    ]
+
+
+def one_process_on_both_ranks_batches() -> dict[str, torch.Tensor]:
+    """The MLP from rank 0's start, each step on the average of the two ranks'
+    gradients: what a data-parallel job of two ranks must compute."""
+    torch.manual_seed(100)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                          nn.Linear(64, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        grads = []
+        for rank in (0, 1):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.rand(128, 32, generator=g), torch.randint(0, 2, (128,), generator=g)
+            model.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, g0, g1 in zip(model.parameters(), *grads, strict=True):
+            p.grad = (g0 + g1) / 2
+        optimizer.step()
+    return {name: p.detach().reshape(-1) for name, p in model.named_parameters()}
+
+
+def accumulated_reference() -> dict[str, torch.Tensor]:
+    """The ``accumulate`` scenario in one process: each rank's gradient is the sum
+    over its two micro-batches; the step takes their mean over the ranks (the
+    layer rank 0 alone uses gets half its gradient; the unused one none)."""
+    torch.manual_seed(100)
+    unused, rank0_only = nn.Linear(2, 2), nn.Linear(32, 2)
+    torch.manual_seed(100)
+    mlp = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                        nn.Linear(64, 2))
+    model = nn.ModuleDict({"unused": unused, "rank0_only": rank0_only, "mlp": mlp})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        per_rank = []
+        for rank in (0, 1):
+            model.zero_grad()
+            for micro in range(2):
+                g = torch.Generator().manual_seed(1000 * (2 * step + micro) + rank)
+                x, y = torch.rand(128, 32, generator=g), torch.randint(0, 2, (128,), generator=g)
+                out = mlp(x) + (model["rank0_only"](x) if rank == 0 else 0)
+                nn.functional.cross_entropy(out, y).backward()
+            per_rank.append({n: p.grad.clone() for n, p in model.named_parameters()
+                             if p.grad is not None})
+        for name, p in model.named_parameters():
+            held = [grads[name] for grads in per_rank if name in grads]
+            p.grad = sum(held) / 2 if held else None
+        optimizer.step()
+    return {name: p.detach().reshape(-1) for name, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+def test_accumulated_and_uneven_gradients_average_as_one_process(tmp_path):
+    """Two backwards before each step (the gradients of the first are already on
+    their way when the second adds to them), a layer only rank 0 uses, and one
+    no rank uses: the ranks agree, and agree with one process."""
+    rank0, rank1 = run_two_ranks(tmp_path, "accumulate")
+    expected = accumulated_reference()
+    assert rank0.keys() == rank1.keys() == expected.keys()
+    for name in expected:
+        assert torch.allclose(rank0[name], rank1[name], atol=1e-6, rtol=0), name
+        assert torch.allclose(rank0[name], expected[name], atol=1e-5, rtol=0), name
+    # The unused layer never moved: no rank had a gradient, so none was made up.
+    torch.manual_seed(100)
+    unused_at_start = nn.Linear(2, 2).weight.detach().reshape(-1)
+    assert torch.equal(rank0["unused.weight"], unused_at_start)
+
+
+def names_keyed(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """DDP's state is the wrapped module's: the same names either way."""
+    return {name.removeprefix("module."): value for name, value in params.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["optimizer_only", "ddp"])
+def test_quick_start_collective_trains_one_model_on_both_ranks(tmp_path, scenario):
+    """Without distributed_model (Paddle's quick start never calls it) and with
+    it: after 20 steps both ranks hold the same parameters, and they are those of
+    one process stepping on the average of the ranks' gradients."""
+    rank0, rank1 = run_two_ranks(tmp_path, scenario)
+    expected = one_process_on_both_ranks_batches()
+    assert rank0.keys() == rank1.keys() == expected.keys()
+    for name in expected:
+        # Equal across ranks: both applied the same averaged gradients (1e-6).
+        assert torch.allclose(rank0[name], rank1[name], atol=1e-6, rtol=0), name
+        # The averaged training: float32 sums in another order (1e-5).
+        assert torch.allclose(rank0[name], expected[name], atol=1e-5, rtol=0), name
+
+
+def sharded_reference() -> list[dict[str, torch.Tensor]]:
+    """Both ranks of the ``sharded`` scenario replayed in one process: the
+    replicated layer starts as rank 0's and steps on the average gradient; each
+    rank's shard keeps its own start and steps on its own gradient."""
+    starts = []
+    for rank in (0, 1):
+        torch.manual_seed(100 + rank)
+        replicated, shard = nn.Linear(8, 1), nn.Linear(8, 1, bias=False)
+        starts.append((replicated, shard))
+    replicated = starts[0][0]
+    shards = [starts[0][1], starts[1][1]]
+    for step in range(STEPS):
+        grads = []
+        for rank in (0, 1):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+            replicated.zero_grad()
+            shards[rank].zero_grad()
+            nn.functional.mse_loss(replicated(x) + shards[rank](x), y).backward()
+            grads.append([p.grad.clone() for p in replicated.parameters()])
+            with torch.no_grad():
+                shards[rank].weight -= 0.1 * shards[rank].weight.grad
+        with torch.no_grad():
+            for p, g0, g1 in zip(replicated.parameters(), *grads, strict=True):
+                p -= 0.1 * (g0 + g1) / 2
+    return [
+        {"replicated.weight": replicated.weight.detach().reshape(-1),
+         "replicated.bias": replicated.bias.detach().reshape(-1),
+         "shard.weight": shards[rank].weight.detach().reshape(-1)}
+        for rank in (0, 1)
+    ]
+
+
+@pytest.mark.slow
+def test_model_parallel_shards_are_never_broadcast_or_averaged(tmp_path):
+    """``is_distributed=True`` (Paddle's mark of a model-parallel shard): with
+    distributed_model and distributed_optimizer, the replicated layer is equal
+    on both ranks, the shards differ, and each is what its own rank computed."""
+    ranks = [names_keyed(params) for params in run_two_ranks(tmp_path, "sharded")]
+    expected = sharded_reference()
+    assert torch.allclose(ranks[0]["replicated.weight"], ranks[1]["replicated.weight"],
+                          atol=1e-6, rtol=0)
+    assert not torch.allclose(ranks[0]["shard.weight"], ranks[1]["shard.weight"], atol=1e-3)
+    for rank in (0, 1):
+        for name, value in expected[rank].items():
+            assert torch.allclose(ranks[rank][name], value, atol=1e-5, rtol=0), (rank, name)
+
+
+@pytest.fixture(autouse=True)
+def no_torch_env(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)

@@ -1,0 +1,364 @@
+"""Data parallelism that does not depend on the user remembering a call.
+
+In Paddle, ``fleet.distributed_optimizer(opt).minimize(loss)`` inserts the
+gradient all-reduce: a collective program that never wraps its model still
+trains one model. ``CollectiveOptimizer`` does the same on ``torch.distributed``:
+its ``step()`` averages, over the ranks, the gradient of every replicated
+parameter, and wrapping an optimizer makes every replicated parameter rank 0's
+(before the first forward: a gradient taken at another rank's start would be
+averaged into the first step).
+
+Replicated means: not marked ``is_distributed=True``. That is Paddle's attribute
+for a model-parallel shard (each rank holds a different slice of the weight), so
+such a parameter is never broadcast and never averaged, here or by
+``distributed_model`` (``ddp_without_shards``). Its gradient is the one its own
+layer's collectives computed (``trainer.collective.model_parallel``).
+
+A parameter that ``DistributedDataParallel`` already synchronised needs no
+second all-reduce; averaging it again would only cost the traffic, since the
+average of equal gradients is that gradient. DDP synchronises only when the
+forward ran through it (a script that calls the unwrapped model gets nothing
+from it), so ``distributed_model`` marks each parameter with its DDP module and
+counts that module's forwards; ``step()`` skips a parameter only when its
+module's forward ran since the last step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .process_group import wait_for, world_size
+
+__all__ = [
+    "BUCKET_BYTES",
+    "CollectiveOptimizer",
+    "ddp_without_shards",
+    "distributed_model",
+    "is_distributed",
+]
+
+# One all-reduce per bucket of gradients of one dtype, as DDP's default 25 MiB:
+# few enough collectives, small enough that a bucket's copy stays cheap.
+BUCKET_BYTES = 25 << 20
+
+# On each parameter a DistributedDataParallel module made by distributed_model
+# synchronises: a weak reference to that module (an attribute lives and dies
+# with the parameter; a set of tensors would compare them elementwise).
+_DDP_OF_PARAMETER = "_fleetfeed_ddp"
+# On that module: how many forwards ran through it.
+_FORWARDS = "_fleetfeed_forwards"
+
+
+def is_distributed(parameter: torch.Tensor) -> bool:
+    """Whether ``parameter`` is a model-parallel shard (``is_distributed=True``).
+
+    Read from the parameter's own attributes: ``torch.Tensor`` has a legacy
+    method of that name, which ``getattr`` would find (and which is truthy)."""
+    return vars(parameter).get("is_distributed") is True
+
+
+def distributed_model(model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
+    """``DistributedDataParallel(model)`` on this rank's device, leaving out the
+    ``is_distributed`` shards; the model itself without a process group (the
+    local fallback)."""
+    if not dist.is_initialized():
+        return model
+    if dist.get_backend() == "nccl":
+        device = torch.cuda.current_device()
+        return ddp_without_shards(
+            model.to(device), device_ids=[device],
+            find_unused_parameters=find_unused_parameters,
+        )
+    return ddp_without_shards(model, find_unused_parameters=find_unused_parameters)
+
+
+def ddp_without_shards(model: nn.Module, **ddp_options: Any) -> nn.Module:
+    """``DistributedDataParallel(model)`` that neither broadcasts nor averages the
+    parameters marked ``is_distributed``; remembers the ones it synchronises."""
+    shards = [name for name, p in model.named_parameters() if is_distributed(p)]
+    if shards:
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, shards
+        )
+    replicated = [p for p in model.parameters() if not is_distributed(p) and p.requires_grad]
+    if not replicated:  # DDP refuses a model with nothing to synchronise
+        return model
+    wrapped = nn.parallel.DistributedDataParallel(model, **ddp_options)
+    setattr(wrapped, _FORWARDS, 0)
+    wrapped.register_forward_pre_hook(_count_forward)
+    for parameter in replicated:
+        setattr(parameter, _DDP_OF_PARAMETER, weakref.ref(wrapped))
+    return wrapped
+
+
+def _count_forward(module: nn.Module, _inputs: Any) -> None:
+    setattr(module, _FORWARDS, getattr(module, _FORWARDS, 0) + 1)
+
+
+def _ddp_of(parameter: torch.Tensor) -> nn.Module | None:
+    """The live DDP module (of distributed_model) that synchronises ``parameter``."""
+    reference = getattr(parameter, _DDP_OF_PARAMETER, None)
+    return None if reference is None else reference()
+
+
+def _buckets(tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+    """``tensors`` in runs of one dtype and device of at most BUCKET_BYTES each
+    (a larger tensor is a bucket of its own)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    for group in groups.values():
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for tensor in group:
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > BUCKET_BYTES:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append(tensor)
+            size += nbytes
+        if bucket:
+            yield bucket
+
+
+def _collective_in_buckets(
+    tensors: list[torch.Tensor], start: Callable[[torch.Tensor], Any], what: str
+) -> None:
+    """Runs ``start(flat)`` (an asynchronous collective) on each bucket of
+    ``tensors`` flattened, all buckets in flight at once, then copies the
+    results back into the tensors."""
+    pending = []
+    for bucket in _buckets(tensors):
+        flat = torch.cat([t.reshape(-1) for t in bucket])
+        pending.append((bucket, flat, start(flat)))
+    for bucket, flat, work in pending:
+        wait_for(work, what)
+        offset = 0
+        for tensor in bucket:
+            count = tensor.numel()
+            tensor.copy_(flat[offset : offset + count].view_as(tensor))
+            offset += count
+
+
+class _Bucket:
+    """Parameters whose gradients are all-reduced together, and where that stands."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+        self.ready: set[int] = set()  # id() of the parameters whose gradient is in
+        self.flat: torch.Tensor | None = None  # the gradients in flight
+        self.work: Any = None
+        self.stale = False  # a gradient changed after the bucket left
+
+    def launch(self) -> None:
+        """Starts the asynchronous all-reduce of the gradients (zeros for a
+        parameter without one on this rank)."""
+        self.flat = torch.cat([
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+            for p in self.params
+        ])
+        self.work = dist.all_reduce(self.flat, async_op=True)
+
+
+# On each parameter averaged while the backward runs: a weak reference to its
+# _OverlappedAverage.
+_AVERAGER = "_fleetfeed_averager"
+
+
+def _gradient_in(parameter: torch.Tensor) -> None:
+    reference = getattr(parameter, _AVERAGER, None)
+    averager = None if reference is None else reference()
+    if averager is not None:
+        averager.gradient_in(parameter)
+
+
+class _OverlappedAverage:
+    """Averages gradients while the backward runs, as DDP does: a hook on each
+    parameter notes its gradient; a bucket whose gradients are all in starts its
+    all-reduce at once, if every bucket before it has started (every rank must
+    start them in one order). ``finish()``, at the step, starts the rest, agrees
+    with the other ranks on which gradients exist and which buckets went stale
+    (a second backward before the step: gradient accumulation), redoes those,
+    and writes each mean into ``.grad``.
+    """
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        # Backward meets the last layers first: buckets in reverse order.
+        order = list(reversed(params))
+        self.buckets = [_Bucket(bucket) for bucket in _buckets(order)]
+        self.params = [p for bucket in self.buckets for p in bucket.params]
+        self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.started = 0  # buckets[:started] are in flight
+        for p in params:
+            # The newest optimizer over a parameter owns it: the hooks of an
+            # earlier one stay on the tensor but stand down (a collective that
+            # only this rank started would hang the job).
+            if not hasattr(p, _AVERAGER):
+                p.register_post_accumulate_grad_hook(_gradient_in)
+            setattr(p, _AVERAGER, weakref.ref(self))
+
+    def gradient_in(self, parameter: torch.Tensor) -> None:
+        bucket = self.bucket_of[id(parameter)]
+        if bucket.work is not None:
+            bucket.stale = True
+            return
+        bucket.ready.add(id(parameter))
+        while self.started < len(self.buckets):
+            next_bucket = self.buckets[self.started]
+            if len(next_bucket.ready) < len(next_bucket.params):
+                break
+            next_bucket.launch()
+            self.started += 1
+
+    def finish(self, world: int) -> None:
+        for bucket in self.buckets[self.started:]:
+            bucket.launch()
+        self.started = len(self.buckets)
+        # One small all-reduce: how many ranks hold each gradient, and whether
+        # any rank's bucket went stale. It follows the buckets on every rank.
+        facts = torch.tensor(
+            [float(p.grad is not None) for p in self.params]
+            + [float(b.stale) for b in self.buckets]
+        )
+        wait_for(dist.all_reduce(facts, async_op=True), "all-reduce of the gradients' presence")
+        holders, stale = facts[: len(self.params)], facts[len(self.params):]
+        index = 0
+        with torch.no_grad():
+            for bucket, went_stale in zip(self.buckets, stale.tolist(), strict=True):
+                wait_for(bucket.work, "all-reduce of the gradients")
+                if went_stale:
+                    bucket.launch()  # the gradients as they are now
+                    wait_for(bucket.work, "all-reduce of the accumulated gradients")
+                assert bucket.flat is not None  # launched above
+                bucket.flat.div_(world)
+                offset = 0
+                for p in bucket.params:
+                    count = p.numel()
+                    if holders[index] == 0:  # no rank has one: as without averaging
+                        p.grad = None
+                    elif p.grad is None:
+                        p.grad = bucket.flat[offset : offset + count].view_as(p).clone()
+                    else:
+                        p.grad.copy_(bucket.flat[offset : offset + count].view_as(p))
+                    offset += count
+                    index += 1
+                bucket.ready.clear()
+                bucket.flat, bucket.work, bucket.stale = None, None, False
+        self.started = 0
+
+
+class CollectiveOptimizer:
+    """A torch optimizer whose ``step()`` first averages the gradients of the
+    replicated parameters over every rank, as Paddle's collective
+    ``distributed_optimizer`` does. Made, it gives every replicated parameter
+    rank 0's value: the ranks start from one state.
+
+    The gradients of parameters outside a ``distributed_model`` are all-reduced
+    in buckets while the backward runs (``_OverlappedAverage``); those of a
+    ``distributed_model`` whose forward did not run through DDP are averaged at
+    the step. Everything else (``param_groups``, ``state_dict()``,
+    ``zero_grad()``, lr schedulers) is the wrapped optimizer's.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        # Each DDP module's forward count at the last step (by id(module)).
+        self._forwards_at_last_step: dict[int, int] = {}
+        self._overlapped: _OverlappedAverage | None = None
+        if dist.is_initialized() and world_size() > 1:
+            self._start_equal()
+            outside_ddp = [
+                p for p in self._replicated() if p.requires_grad and _ddp_of(p) is None
+            ]
+            if outside_ddp:
+                self._overlapped = _OverlappedAverage(outside_ddp)
+
+    def _parameters(self) -> Iterable[torch.Tensor]:
+        for group in self.optimizer.param_groups:
+            yield from group["params"]
+
+    def _replicated(self) -> list[torch.Tensor]:
+        return [p for p in self._parameters() if not is_distributed(p)]
+
+    def _start_equal(self) -> None:
+        """Every replicated parameter takes rank 0's value: ranks that
+        initialised their models differently still train one model."""
+        params = [p for p in self._replicated() if _ddp_of(p) is None]  # DDP broadcast its own
+        with torch.no_grad():
+            _collective_in_buckets(
+                params, lambda flat: dist.broadcast(flat, src=0, async_op=True),
+                "broadcast of the replicated parameters from rank 0",
+            )
+
+    def average_gradients(self) -> None:
+        """Replaces each replicated parameter's gradient by its mean over the
+        ranks (a rank without one contributes zeros; a parameter no rank has a
+        gradient for keeps none)."""
+        world = world_size()
+        if self._overlapped is not None:
+            self._overlapped.finish(world)
+        synchronized = self._ddp_forwarded_since_last_step()
+        behind_ddp = [
+            p for p in self._replicated()
+            if p.requires_grad
+            and (module := _ddp_of(p)) is not None and id(module) not in synchronized
+        ]
+        if not behind_ddp:
+            return
+        grads = []
+        for p in behind_ddp:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        with torch.no_grad():
+            _collective_in_buckets(
+                grads, lambda flat: dist.all_reduce(flat, async_op=True),
+                "all-reduce of the gradients",
+            )
+            for grad in grads:
+                grad.div_(world)
+
+    def _ddp_forwarded_since_last_step(self) -> set[int]:
+        """The ids of the DDP modules whose forward ran since the last step (so
+        their parameters' gradients are averaged already)."""
+        modules = {id(m): m for m in map(_ddp_of, self._replicated()) if m is not None}
+        ran = set()
+        for key, module in modules.items():
+            count = getattr(module, _FORWARDS, 0)
+            if count != self._forwards_at_last_step.get(key):
+                ran.add(key)
+            self._forwards_at_last_step[key] = count
+        return ran
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Averages the gradients, then the wrapped optimizer's step."""
+        loss = closure() if closure is not None else None
+        if dist.is_initialized() and world_size() > 1:
+            self.average_gradients()
+        self.optimizer.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def clear_grad(self) -> None:
+        """Paddle's spelling of ``zero_grad``."""
+        self.optimizer.zero_grad()
+
+    def minimize(self, loss: torch.Tensor) -> None:
+        """Paddle's spelling: backward, then the averaged step, then zero_grad."""
+        loss.backward()
+        self.step()
+        self.zero_grad()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"CollectiveOptimizer({self.optimizer!r})"
