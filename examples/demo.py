@@ -1,6 +1,7 @@
 """fleetfeed end-to-end demo on generated data (no external services).
 
-1. writes a Criteo-like raw data set (a few TSV files with a learnable label);
+1. writes a Criteo-like raw data set (a few TSV files with a learnable label),
+   or keeps the one an earlier run with the same --files and --lines wrote;
 2. runs examples/criteo/reader.py (a generators.MultiSlotDataGenerator) over every
    file as a pipe command, 2 files at a time, into an InMemoryDataset;
 3. shuffles the records with a seed and iterates them as batches of torch tensors;
@@ -24,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "criteo"))
 
 import torch  # noqa: F401  # imported up front, as a training script does
-from make_data import make_files
+from make_data import StaleDataError, ensure_files
 
 from datafeed import InMemoryDataset, Ragged, Slot
 
@@ -55,8 +56,11 @@ def main() -> None:
         f"== 1. data: {args.files} raw Criteo-like files x {args.lines:,} lines in {args.out}/data"
     )
     started = time.perf_counter()
-    files = make_files(os.path.join(args.out, "data"), args.files, args.lines, seed=0)
-    print(f"   written in {time.perf_counter() - started:.1f} s")
+    try:  # kept from an earlier run with the same --files and --lines
+        files = ensure_files(os.path.join(args.out, "data"), args.files, args.lines, seed=0)
+    except StaleDataError as error:
+        raise SystemExit(f"demo.py: {error}") from None
+    print(f"   ready in {time.perf_counter() - started:.1f} s")
 
     print(f"== 2. load: pipe_command='python {os.path.relpath(READER)}', thread_num={args.threads}")
     dataset = InMemoryDataset()

@@ -42,8 +42,6 @@ from generators._sample_checks cimport (
 )
 from generators._shortest_float cimport write_float_repr
 
-from generators._sample_checks import SampleError
-
 
 cdef extern from "Python.h":
     enum:
@@ -413,11 +411,14 @@ def run_generator(object lines, object generate_sample, object generate_batch,
 
     Raises:
         SampleError: A sample is not valid; a note names the input line.
+        Exception: Whatever ``generate_sample`` or ``generate_batch`` raised,
+            with the same note; an error of ``write`` has none.
     """
     cdef Py_ssize_t line_number = 0
     cdef list batch = []
     cdef object line = None
     cdef bint batching = generate_batch is not None
+    cdef bint writing = False
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     try:
@@ -436,11 +437,17 @@ def run_generator(object lines, object generate_sample, object generate_batch,
                     batch = []
                 # Checked per sample: run_from_memory has one "line" only.
                 if formatter._size >= block_size:
+                    writing = True
                     write(formatter.take())
+                    writing = False
         if batch:
             _emit_batch(formatter, gen_str, generate_batch, batch)
-    except SampleError as error:
-        note_input_line(error, line_number, line, batching)
+    except Exception as error:
+        # The user's own errors too: under a pipe command the traceback on
+        # stderr is all the loader sees, and the note (its last line) is the
+        # one place that says where in the input the reader failed.
+        if not writing:
+            note_input_line(error, line_number, line, batching)
         raise
     if formatter._size:
         write(formatter.take())

@@ -10,7 +10,9 @@ between the two systems.
 Differences from Paddle, on purpose:
 
 * a bad sample raises ``SampleError``, whose message names the slot, the
-  sample and the value, and notes the input line it came from;
+  sample and the value, and notes the input line it came from; an error that
+  ``generate_sample`` or ``generate_batch`` raises gets the same note (under a
+  pipe command, fleetfeed's ``ReaderError`` then names that line);
 * numpy integer and floating scalars are numbers;
 * every value is checked (Paddle stops checking a slot once it has seen a
   float there, and writes whatever follows), a sample without slots is
@@ -126,6 +128,8 @@ class DataGenerator:
 
         Raises:
             SampleError: A sample is not valid; a note names the input line.
+            Exception: What ``generate_sample`` or ``generate_batch`` raised,
+                with the same note.
             SystemExit: stdout was closed by the process reading it (status 1,
                 after a one-line message on stderr).
         """

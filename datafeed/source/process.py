@@ -8,8 +8,9 @@ for), on an error, on a timeout and on close, and at exit or SIGTERM of the
 Python process. Only the last ``STDERR_TAIL_BYTES`` of its stderr are kept
 (nothing is spooled to disk); when it fails, the ``ReaderError`` names the
 command, the input, the exit status or the signal's name, and the last lines of
-that stderr. Every child is waited for and every pipe closed, on success and on
-error.
+that stderr; for a reader built on the ``generators`` package, also the input
+line it failed on (noted under its traceback). Every child is waited for and
+every pipe closed, on success and on error.
 
 The input arrives already opened (datafeed/source/fs.py opens files): a local file
 becomes the command's stdin as it is; any other stream is copied into the
@@ -25,6 +26,7 @@ import contextlib
 import fcntl
 import io
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -66,6 +68,11 @@ PIPE_BUFFER_BYTES = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 # A Feeder copies this much of its stream into the pipe at a time.
 COPY_BYTES = 1 << 20
+# The note a generators-package reader prints under the traceback of an error
+# in its run loop (generators/_sample_checks.pyx: note_input_line).
+_INPUT_LINE_NOTE = re.compile(
+    r"^(in (?:the samples of|the batch that ends with) input line \d+): ", re.MULTILINE
+)
 
 
 # -- starting, stopping, and the end of a command -------------------------------------
@@ -94,16 +101,26 @@ def _with_stderr(message: str, tail: str) -> str:
     return message + (f"; last stderr lines:\n{tail}" if tail else " (no stderr output)")
 
 
+def _failed_input_line(tail: str) -> str:
+    """``, in the samples of input line 3`` when the reader's stderr ends with the
+    note a ``generators`` reader adds to its error; ``""`` otherwise."""
+    notes = _INPUT_LINE_NOTE.findall(tail)
+    return f", {notes[-1]}" if notes else ""
+
+
 def exit_error(
     command: str, path: str, returncode: int, stderr: StderrTail | None, label: str = "command"
 ) -> ReaderError:
     """The error of ``command`` that ended with ``returncode`` (non-zero) on ``path``.
 
     Its message reads ``<label> 'cmd' exited with status 1 on <path>; last
-    stderr lines: ...`` (``was killed by signal SIGKILL`` for a signal).
+    stderr lines: ...`` (``was killed by signal SIGKILL`` for a signal), with
+    ``, in the samples of input line 3`` after the path when a generators
+    reader's stderr names the line it failed on.
     """
     tail = stderr_tail(stderr)
-    message = _with_stderr(f"{label} {command!r} {describe_exit(returncode)} on {path}", tail)
+    where = f"{path}{_failed_input_line(tail)}"
+    message = _with_stderr(f"{label} {command!r} {describe_exit(returncode)} on {where}", tail)
     return ReaderError(
         message, command=command, path=path, returncode=returncode, stderr_tail=tail
     )

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(EXAMPLES))
 sys.path.insert(0, os.path.join(EXAMPLES, "criteo"))
 sys.path.insert(0, os.path.join(EXAMPLES, "mlp_local"))
 
-from make_data import make_files
+from make_data import StaleDataError, ensure_files
 from train import CtrMlp, make_dataset
 
 from trainer import Executor, StreamingAUC, fleet
@@ -50,11 +50,13 @@ def main() -> None:
     )
     fleet.init(is_collective=True)
     rank, workers = fleet.worker_index(), fleet.worker_num()
-    # Train files plus one held-out file per worker; one process writes them.
-    if fleet.is_first_worker():
-        make_files(args.data, args.files + workers, args.lines, seed=0)
-    fleet.barrier_worker()
-    files = sorted(os.path.join(args.data, name) for name in os.listdir(args.data))
+    # Train files plus one held-out file per worker, exactly these (never a
+    # file of an earlier run with other flags): one process generates them, or
+    # regenerates them if the flags changed; the others wait for it.
+    try:
+        files = ensure_files(args.data, args.files + workers, args.lines, seed=0)
+    except StaleDataError as error:
+        raise SystemExit(f"{os.path.basename(__file__)}: {error}") from None
     train_files = fleet.util.get_file_shard(files[: args.files])
     test_files = fleet.util.get_file_shard(files[args.files :])
     train = make_dataset(train_files, args.batch_size, threads=1)

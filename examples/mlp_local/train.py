@@ -24,7 +24,7 @@ CRITEO = os.path.join(os.path.dirname(HERE), "criteo")
 sys.path.insert(0, CRITEO)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
 
-from make_data import make_files
+from make_data import StaleDataError, ensure_files
 
 from datafeed import InMemoryDataset, Slot
 from trainer import Executor, StreamingAUC
@@ -113,7 +113,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     torch.manual_seed(args.seed)
-    files = make_files(args.data, args.files, args.lines, seed=args.seed)
+    try:  # generated once; again when --files, --lines or --seed change
+        files = ensure_files(args.data, args.files, args.lines, seed=args.seed)
+    except StaleDataError as error:
+        raise SystemExit(f"{os.path.basename(__file__)}: {error}") from None
     train = make_dataset(files[:-1], args.batch_size, args.threads)
     test = make_dataset(files[-1:], 1024, args.threads)
     print(f"train: {train.get_memory_data_size()} records, held out: {test.get_memory_data_size()}")

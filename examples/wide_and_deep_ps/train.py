@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -31,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "examples", "criteo"))
 sys.path.insert(0, ROOT)
 
-from make_data import make_files
+from make_data import StaleDataError, ensure_files
 
 from datafeed import InMemoryDataset, Ragged, Slot
 from trainer import DistributedStrategy, Executor, StreamingAUC, fleet
@@ -103,22 +101,6 @@ class DenseOnly(nn.Module):
         return {"loss": loss, "prob": torch.sigmoid(logit), "label": label}
 
 
-def ensure_data(directory: str, files: int, lines: int, seed: int) -> list[str]:
-    """The generated files, written once (every worker may ask at the same time:
-    each writes a private copy and the first rename wins)."""
-    names = [os.path.join(directory, f"part-{i:05d}.tsv") for i in range(files)]
-    if not all(os.path.exists(n) for n in names):
-        parent = os.path.dirname(os.path.abspath(directory))
-        os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(dir=parent, prefix=".data-")
-        make_files(staging, files, lines, seed=seed)
-        try:
-            os.rename(staging, directory)
-        except OSError:  # another worker got there first
-            shutil.rmtree(staging, ignore_errors=True)
-    return names
-
-
 def make_dataset(files: list[str], batch_size: int) -> InMemoryDataset:
     dataset = InMemoryDataset()
     dataset.init(
@@ -185,7 +167,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return {}
 
     fleet.init_worker()
-    files = ensure_data(args.data, args.files, args.lines, args.seed)
+    # Every worker asks; one generates (or regenerates, if --files, --lines or
+    # --seed changed since the data was written), the others wait for it.
+    try:
+        files = ensure_files(args.data, args.files, args.lines, args.seed)
+    except StaleDataError as error:
+        raise SystemExit(f"{os.path.basename(__file__)}: {error}") from None
     mine = files[:-1][fleet.worker_index() :: fleet.worker_num()]
     train = make_dataset(mine, args.batch_size)
     executor = Executor()

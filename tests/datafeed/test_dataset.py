@@ -235,6 +235,38 @@ def test_generator_crash_midway_is_a_reader_error_not_a_parse_error(tmp_path, sm
     assert "RuntimeError: generator crashed on purpose" in info.value.stderr_tail
 
 
+def test_a_pipe_readers_own_error_names_the_input_line_and_the_file(tmp_path, small_files):
+    # The in-process path notes the line on the error itself; a pipe command's
+    # ReaderError finds it in the note under the generator's traceback.
+    reader = tmp_path / "fails_on_line_3.py"
+    reader.write_text(textwrap.dedent("""\
+        from generators import MultiSlotDataGenerator
+
+        class Reader(MultiSlotDataGenerator):
+            lines = 0
+
+            def generate_sample(self, line):
+                self.lines += 1
+                if self.lines == 3:
+                    raise ValueError("cannot read this line")
+                return lambda: iter([[("dense", [1.0, 2.0, 3.0]), ("ids", [1]),
+                                      ("signed", [1]), ("label", [0])]])
+
+        Reader().run_from_stdin()
+    """))
+    ds = make_dataset(pipe_command=f"{PYTHON} {reader}", thread_num=1)
+    ds.set_filelist(small_files[:1])
+    with pytest.raises(ReaderError) as info:
+        ds.load_into_memory()
+    message = str(info.value)
+    headline = message.partition(";")[0]
+    assert headline == (
+        f"command '{PYTHON} {reader}' exited with status 1 on {small_files[0]}, "
+        "in the samples of input line 3"
+    )
+    assert "ValueError: cannot read this line" in message
+
+
 def test_parse_error_names_file_line_and_slot(tmp_path, small_files):
     bad = tmp_path / "bad.txt"
     bad.write_text("3 1 2 3 1 7 1 0 1 1\n3 1 2 3 1 x 1 0 1 1\n")

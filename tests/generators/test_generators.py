@@ -716,11 +716,11 @@ def test_base_class_messages_are_paddles(monkeypatch: pytest.MonkeyPatch) -> Non
     class NoFormat(DataGenerator):
         generate_sample = ListReader.generate_sample
 
-    with pytest.raises(
-        NotImplementedError,
-        match=r"^pls use MultiSlotDataGenerator or PairWiseDataGenerator$",
-    ):
+    with pytest.raises(NotImplementedError) as caught:
         run_to_bytes(NoFormat(), "1\n", monkeypatch)
+    # Paddle's message, and a note naming the input line, as for any error of the loop.
+    assert str(caught.value) == "pls use MultiSlotDataGenerator or PairWiseDataGenerator"
+    assert caught.value.__notes__ == ["in the samples of input line 1: '1\\n'"]
 
 
 def test_own_gen_str_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -761,6 +761,42 @@ def test_sample_error_notes_the_input_line(monkeypatch: pytest.MonkeyPatch) -> N
     ) as caught:
         run_to_bytes(EmptyOnBlank(), "1\n\n3\n", monkeypatch)
     assert caught.value.__notes__ == ["in the samples of input line 2: '\\n'"]
+
+
+class RaisesOnLine3(MultiSlotDataGenerator):
+    """A reader whose own code fails on the third input line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines = 0
+
+    def generate_sample(self, line: Any) -> Any:
+        self.lines += 1
+        if self.lines == 3:
+            raise ValueError("the reader's own error")
+
+        def local_iter() -> Iterator[Any]:
+            yield [("ids", [int(line)])]
+
+        return local_iter
+
+
+def test_the_readers_own_error_notes_the_input_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under a pipe command this note, under the traceback on stderr, is where
+    # datafeed's ReaderError finds the line.
+    with pytest.raises(ValueError) as caught:
+        run_to_bytes(RaisesOnLine3(), "1\n2\n3\n4\n", monkeypatch)
+    assert str(caught.value) == "the reader's own error"
+    assert caught.value.__notes__ == ["in the samples of input line 3: '3\\n'"]
+
+
+def test_a_failed_write_is_not_noted_as_an_input_lines_error() -> None:
+    def write(block: bytes) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="^disk full") as caught:
+        ListReader().write_multislot(["1\n", "2\n"], write, block_size=1)
+    assert not hasattr(caught.value, "__notes__")
 
 
 class EmptyOnBlank(MultiSlotDataGenerator):
@@ -942,10 +978,13 @@ def test_reader_process(tmp_path: Path, unbuffered: str) -> None:
 
 
 def test_reader_process_with_a_bad_sample(tmp_path: Path) -> None:
-    # The reader's own errors pass through unchanged.
+    # The reader's own errors pass through unchanged, the input line noted after them.
     result = run_reader(tmp_path, "1 2 3\n0 4 x5\n")
     assert result.returncode == 1
-    assert b"ValueError: invalid literal for int() with base 10: 'x5'" in result.stderr
+    assert result.stderr.decode().endswith(
+        "ValueError: invalid literal for int() with base 10: 'x5'\n"
+        "in the samples of input line 2: '0 4 x5\\n'\n"
+    )
 
     result = run_reader(tmp_path, "1 2 3\n0\n")
     assert result.returncode == 1

@@ -14,13 +14,22 @@ An HTML comment right before a block changes that:
 
 - ``<!-- file: NAME -->`` writes the block to ``NAME`` and ``<!-- append: NAME -->``
   appends it (for a ``reader.py`` or ``train.py`` that other blocks run; another
-  runnable block must mention ``NAME``);
+  runnable block must mention ``NAME``, or its file name when ``NAME`` is in a
+  directory of its own, as in ``porting/train.py``);
 - ``<!-- tested-in: tests/FILE.py::TEST -->``: another test runs it (the test
   must exist);
 - ``<!-- not-tested: REASON -->``: an illustration (output, a directory layout).
 
 Any other block (another language, no language) without a marker fails
 ``test_every_block_runs_or_is_marked``.
+
+A reader follows the pages one after another in one directory (the repository
+root), so no page may write a file that another page writes: neither a file of
+a ``file``/``append`` marker (``test_no_two_pages_write_the_same_file``) nor any
+file that running its blocks leaves behind, fleetrun's logs aside (checked after
+each page against the pages run before it). And every file a page leaves
+behind is one that ``.gitignore`` covers, so that following the docs leaves
+``git status`` clean.
 """
 
 from __future__ import annotations
@@ -117,11 +126,49 @@ def test_every_block_runs_or_is_marked():
                     problems.append(f"{block.where}: tested-in names no test: {block.argument}")
             elif block.marker in ("file", "append"):
                 others = [b.code for b in blocks if b is not block and runnable(b)]
-                if not any(block.argument in code for code in others):
+                # A file in a directory of its own is run from there, by its name.
+                names = {block.argument, Path(block.argument).name}
+                if not any(name in code for code in others for name in names):
                     problems.append(
                         f"{block.where}: {block.argument} is written but no other block uses it"
                     )
     assert not problems, "\n".join(problems)
+
+
+def test_no_two_pages_write_the_same_file():
+    writers: dict[str, list[str]] = {}
+    for blocks in ALL_BLOCKS.values():
+        for block in blocks:
+            if block.marker in ("file", "append"):
+                where = writers.setdefault(os.path.normpath(block.argument), [])
+                if not any(w.startswith(f"{block.doc}:") for w in where):
+                    where.append(block.where)
+    shared = {name: where for name, where in writers.items() if len(where) > 1}
+    assert not shared, "\n".join(
+        f"{name} is written by {' and by '.join(where)}: a reader who follows both pages "
+        "loses the first one's file; give each page its own file names or directory"
+        for name, where in shared.items()
+    )
+
+
+def test_the_readme_says_how_long_make_test_takes_and_how_to_run_less():
+    readme = (REPO / "README.md").read_text()
+    assert re.search(r"`make test` takes .*?\d+ min \d+ s", readme, re.DOTALL), (
+        "README.md must say how long `make test` takes (measured: N min N s)"
+    )
+    subsets = [
+        b.code for b in ALL_BLOCKS["README.md"] if re.search(r"pytest -m \"[^\"]+\"", b.code)
+    ]
+    assert subsets, "README.md must show a faster part of the suite (pytest -m \"...\")"
+    expression = re.search(r"pytest -m \"([^\"]+)\"", subsets[0]).group(1)
+    used = set(re.findall(r"\w+", expression)) - {"not", "and", "or"}
+    # pyproject.toml's markers list, one '"name: what it means",' a line (no
+    # tomllib: the suite runs on Python 3.10 too).
+    markers = re.search(r"^markers = \[(.*?)^\]", (REPO / "pyproject.toml").read_text(),
+                        re.MULTILINE | re.DOTALL)
+    assert markers, "pyproject.toml declares no pytest markers"
+    declared = set(re.findall(r'^\s*"(\w+):', markers.group(1), re.MULTILINE))
+    assert used <= declared, f"README.md selects markers pyproject.toml lacks: {used - declared}"
 
 
 def test_the_marker_parser_sees_every_kind():
@@ -164,6 +211,54 @@ def test_doc_snippets_run(name: str, tmp_path: Path):
     ran = re.findall(r"^docs-test: ran (\S+)$", result.stdout, re.MULTILINE)
     assert len(ran) == sum(1 for b in ALL_BLOCKS[name] if runnable(b) and b.marker is None)
 
+    left = files_left_in(work)
+    not_ignored = not_ignored_by_git(left)
+    assert not not_ignored, (
+        f"following {name} in the repository root leaves files that .gitignore does not "
+        f"cover (git status would show them): {sorted(not_ignored)}"
+    )
+    for earlier, their_files in FILES_LEFT_BY_PAGE.items():
+        shared = {path for path in left & their_files if not path.startswith(SHARED_OUTPUT)}
+        assert not shared, (
+            f"{name} and {earlier} both write {sorted(shared)}: a reader who follows both "
+            "pages in one directory loses the first one's files; give each page its own "
+            "file names or directory"
+        )
+    FILES_LEFT_BY_PAGE[name] = left
+
+
+# The files each page run so far in this session left behind, for the next pages.
+FILES_LEFT_BY_PAGE: dict[str, set[str]] = {}
+# fleetrun's default log directory: every job rewrites it, whichever page started it.
+SHARED_OUTPUT = ("log/",)
+
+
+def files_left_in(work: Path) -> set[str]:
+    """Every file under ``work`` (relative paths), but what is in its ``examples`` link."""
+    left = set()
+    for directory, subdirectories, files in os.walk(work):
+        if Path(directory) == work and "examples" in subdirectories:
+            subdirectories.remove("examples")
+        left.update(str((Path(directory) / f).relative_to(work)) for f in files)
+    return left
+
+
+def not_ignored_by_git(paths: set[str]) -> set[str]:
+    """The ``paths`` (relative to the repository root) that .gitignore does not cover."""
+    if not paths:
+        return set()
+    checked = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin", "-z", "--verbose", "--non-matching"],
+        cwd=REPO, input="\0".join(sorted(paths)) + "\0", capture_output=True, text=True,
+        check=False,
+    )
+    # 0: some paths are ignored, 1: none is; --non-matching lists every path either way.
+    assert checked.returncode in (0, 1), checked.stderr
+    # Four fields a path: the rule's file, line and pattern (all empty when no rule
+    # covers the path), then the path.
+    fields = checked.stdout.split("\0")[:-1]
+    return {fields[i + 3] for i in range(0, len(fields), 4) if not fields[i]}
+
 
 # -- the driver: one process per document, run in its work directory ----------------
 
@@ -185,6 +280,7 @@ def drive(plan_path: str) -> None:
     for raw in json.loads(Path(plan_path).read_text()):
         block = Block(**raw)
         if block.marker == "file":
+            Path(block.argument).parent.mkdir(parents=True, exist_ok=True)
             Path(block.argument).write_text(block.code)
             continue
         if block.marker == "append":

@@ -13,6 +13,7 @@ import pytest
 from support import REPO
 
 EXAMPLES = REPO / "examples"
+MAKE_DATA = EXAMPLES / "criteo" / "make_data.py"
 
 
 def load_module(path: Path, name: str):
@@ -20,6 +21,82 @@ def load_module(path: Path, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def make_data(out_dir: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(MAKE_DATA), str(out_dir), *flags],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def line_counts(out_dir: Path) -> dict[str, int]:
+    """Lines per ``part-*.tsv`` file of ``out_dir``."""
+    return {
+        path.name: len(path.read_text().splitlines())
+        for path in sorted(out_dir.glob("part-*.tsv"))
+    }
+
+
+def test_make_data_regenerates_its_directory_when_the_flags_change(tmp_path):
+    out = tmp_path / "data"
+    assert make_data(out, "--files", "3", "--lines", "40").returncode == 0
+    assert line_counts(out) == {f"part-0000{i}.tsv": 40 for i in range(3)}
+    # Fewer files of other sizes: nothing of the earlier run is left for a glob to find.
+    result = make_data(out, "--files", "2", "--lines", "25")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(out / "part-00000.tsv"), str(out / "part-00001.tsv")]
+    assert line_counts(out) == {"part-00000.tsv": 25, "part-00001.tsv": 25}
+    # The same flags again: the files are kept, not rewritten.
+    written = {path: path.stat().st_mtime_ns for path in out.glob("part-*.tsv")}
+    assert make_data(out, "--files", "2", "--lines", "25").returncode == 0
+    assert {path: path.stat().st_mtime_ns for path in out.glob("part-*.tsv")} == written
+    # Another seed is other data.
+    before = (out / "part-00000.tsv").read_text()
+    assert make_data(out, "--files", "2", "--lines", "25", "--seed", "1").returncode == 0
+    assert (out / "part-00000.tsv").read_text() != before
+
+
+def test_make_data_refuses_files_it_did_not_stamp(tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "part-00000.tsv").write_text("someone else's data\n")
+    result = make_data(out, "--files", "2", "--lines", "25")
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"make_data.py: {out} holds 1 part-*.tsv file(s) (part-00000.tsv, ...) but no "
+        ".params stamp, so they may be another program's or an older run's: expected an "
+        "empty directory or one make_data.py stamped; remove them or choose another directory\n"
+    )
+    assert (out / "part-00000.tsv").read_text() == "someone else's data\n"
+
+
+def test_make_data_run_by_several_processes_at_once_writes_the_files_once(tmp_path):
+    out = tmp_path / "data"
+    command = [sys.executable, str(MAKE_DATA), str(out), "--files", "3", "--lines", "500"]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE) for _ in range(3)]
+    outputs = [process.communicate(timeout=60)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0]
+    assert len(set(outputs)) == 1
+    assert line_counts(out) == {f"part-0000{i}.tsv": 500 for i in range(3)}
+
+
+@pytest.mark.slow
+def test_wide_and_deep_trains_on_data_of_its_own_flags(tmp_path):
+    # A run with --lines 200, then --lines 100: the second trains on 100-line files.
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    script = EXAMPLES / "wide_and_deep_ps" / "train.py"
+    flags = ["--files", "3", "--epochs", "1", "--print-period", "1000"]
+    for lines in ("200", "100"):
+        result = subprocess.run(
+            [sys.executable, str(script), *flags, "--lines", lines],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "held-out AUC: wide&deep" in result.stdout
+        assert line_counts(tmp_path / "wide_and_deep_data") == {
+            f"part-0000{i}.tsv": int(lines) for i in range(3)
+        }
 
 
 @pytest.mark.slow
@@ -51,6 +128,10 @@ def fleetrun(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedPr
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_collective_mlp_two_processes(tmp_path):
+    # Data an earlier run left with other flags: more files, of another size. None
+    # of it may reach the training or the held-out set.
+    stale = make_data(tmp_path / "collective_mlp_data", "--files", "8", "--lines", "50")
+    assert stale.returncode == 0, stale.stderr
     result = fleetrun(tmp_path, EXAMPLES / "collective_mlp" / "train.py", "--lines", "3000")
     assert result.returncode == 0, result.stdout + result.stderr
     epochs = re.findall(
