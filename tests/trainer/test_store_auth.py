@@ -38,6 +38,9 @@ def test_an_outsider_finds_no_entry_of_the_job(stores):
 def test_a_forged_or_replayed_entry_is_refused(stores):
     job, outsider, server = stores
     job.set("rank0/address", b"10.0.0.1:4000")
+    # A round trip on the job's own connection: its set (which gets no answer)
+    # has landed before the outsider writes, and cannot land after the forgery.
+    assert job.get("rank0/address") == b"10.0.0.1:4000"
     # Even with the hidden name (as a sniffer of the plain-text store traffic
     # would have it), the outsider cannot write a value the job accepts...
     hidden = job._name("rank0/address")
@@ -47,6 +50,7 @@ def test_a_forged_or_replayed_entry_is_refused(stores):
         job.get("rank0/address")
     # ...nor move a signed value to another name.
     job.set("rank1/address", b"10.0.0.2:4000")
+    assert job.get("rank1/address") == b"10.0.0.2:4000"  # landed, as above
     outsider.set(hidden, server.get(job._name("rank1/address")))
     outsider.get(hidden)
     with pytest.raises(WorkerFailedError, match="signature"):
