@@ -6,8 +6,8 @@ The convolutional features are replicated; the classifier's weights are split
 across the processes (Paddle's paddle.distributed.split): a column-split layer,
 a row-split layer (partial products summed by an all-reduce), and a column-split
 output layer whose slices are joined by all_gather with autograd. Both processes
-see the same batches and compute the same loss, so the replicated parameters stay
-identical without DistributedDataParallel; the script checks that at the end.
+see the same batches; fleet.distributed_optimizer averages the replicated
+parameters' gradients, so they stay identical; the script checks that at the end.
 """
 
 from __future__ import annotations

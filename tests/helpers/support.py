@@ -28,6 +28,7 @@ __all__ = [
     "SMALL_SCHEMA",
     "child_pids",
     "reserved_ports",
+    "run_collective_ranks",
     "small_line",
     "small_record",
     "wait_for",
@@ -212,6 +213,34 @@ def communicate_all(procs: list, timeout: float) -> list[str]:
                 proc.kill()
                 proc.communicate()
     return outputs
+
+
+def run_collective_ranks(
+    script: Path, args: list[str], world_size: int = 2, timeout: float = 120,
+    ranks: list[int] | None = None,
+) -> list[tuple[int, str]]:
+    """Runs ``script args`` as ``ranks`` (default all) of a ``world_size``-rank
+    collective job on 127.0.0.1, with torchrun's variables (rank 0 hosts the
+    rendezvous store on a reserved port); the exit status and output of each,
+    after every process ended (``timeout`` seconds in all)."""
+    import subprocess
+
+    ranks = list(range(world_size)) if ranks is None else ranks
+    with reserved_ports(1) as (port,):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), *args],
+                env=dict(
+                    os.environ, RANK=str(rank), WORLD_SIZE=str(world_size),
+                    LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                    OMP_NUM_THREADS="1",
+                ),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )
+            for rank in ranks
+        ]
+        outputs = communicate_all(procs, timeout)
+    return [(proc.returncode, out) for proc, out in zip(procs, outputs, strict=True)]
 
 
 class InProcessServers:

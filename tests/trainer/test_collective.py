@@ -45,13 +45,19 @@ if scenario == "peer_dies":
     json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
     os._exit(0)
 
-# 1. model-parallel layers equal one full layer built with the same seed.
+# 1. model-parallel layers equal one full layer built with the same seed, once the
+# optimizer averaged the replicated gradients and scaled the shards' (the ranks'
+# backwards give the gradient of the sum of their equal losses).
 torch.manual_seed(123)  # same input on both ranks
 x = torch.randn(4, 6, requires_grad=True)
 column = collective.ColumnParallelLinear(6, 8, seed=7)
 row = collective.RowParallelLinear(8, 3, seed=9)
+layers_optimizer = fleet.distributed_optimizer(
+    torch.optim.SGD([*column.parameters(), *row.parameters()], lr=0.1)
+)
 y = row(column(x))
 (y ** 2).sum().backward()
+layers_optimizer.average_gradients()
 full_c, full_r = nn.Linear(6, 8), nn.Linear(8, 3)
 g = torch.Generator().manual_seed(7)
 with torch.no_grad():
@@ -64,12 +70,25 @@ x2 = x.detach().clone().requires_grad_(True)
 y2 = full_r(full_c(x2))
 (y2 ** 2).sum().backward()
 result["same_output"] = torch.allclose(y, y2, atol=1e-6)
-result["same_input_grad"] = torch.allclose(x.grad, x2.grad, atol=1e-5)
+# The input is one tensor seen by both ranks: its gradient is the ranks' mean.
+input_grad = fleet.util.all_reduce(x.grad.clone()) / 2
+result["same_input_grad"] = torch.allclose(input_grad, x2.grad, atol=1e-5)
 shard = slice(rank * 4, (rank + 1) * 4)
 result["same_column_grad"] = torch.allclose(
     column.weight.grad, full_c.weight.grad[shard], atol=1e-5
-)
-result["same_row_grad"] = torch.allclose(row.weight.grad, full_r.weight.grad[:, shard], atol=1e-5)
+) and torch.allclose(column.bias.grad, full_c.bias.grad[shard], atol=1e-5)
+result["same_row_grad"] = torch.allclose(
+    row.weight.grad, full_r.weight.grad[:, shard], atol=1e-5
+) and torch.allclose(row.bias.grad, full_r.bias.grad, atol=1e-5)
+
+# A split layer that trains with nothing to average the ranks' gradients says so, once.
+import warnings
+lonely = collective.ColumnParallelLinear(6, 8)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    lonely(x).sum().backward()
+    lonely(x).sum().backward()
+result["unsynchronized_warnings"] = [str(w.message) for w in caught]
 
 # 2. util.all_reduce and the barrier.
 result["sum"] = fleet.util.all_reduce(rank + 1)
@@ -135,6 +154,10 @@ def test_two_ranks_model_parallel_ddp_and_collectives(tmp_path):
         assert result["role"] == [rank, 2, rank == 0]
         assert result["same_output"] and result["same_input_grad"]
         assert result["same_column_grad"] and result["same_row_grad"]
+        (warning,) = result["unsynchronized_warnings"]
+        assert warning.startswith(
+            f"rank {rank}: ColumnParallelLinear is training but no fleet.distributed_optimizer"
+        )
         assert result["sum"] == 3
         assert result["max"] == [1, 0]
         first, last = result["losses"]

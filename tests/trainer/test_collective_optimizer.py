@@ -241,7 +241,9 @@ def test_quick_start_collective_trains_one_model_on_both_ranks(tmp_path, scenari
 def sharded_reference() -> list[dict[str, torch.Tensor]]:
     """Both ranks of the ``sharded`` scenario replayed in one process: the
     replicated layer starts as rank 0's and steps on the average gradient; each
-    rank's shard keeps its own start and steps on its own gradient."""
+    rank's shard keeps its own start and steps on its own gradient over the
+    number of ranks (the job minimises the mean of the ranks' losses, and a
+    shard's loss is its rank's alone here)."""
     starts = []
     for rank in (0, 1):
         torch.manual_seed(100 + rank)
@@ -259,7 +261,7 @@ def sharded_reference() -> list[dict[str, torch.Tensor]]:
             nn.functional.mse_loss(replicated(x) + shards[rank](x), y).backward()
             grads.append([p.grad.clone() for p in replicated.parameters()])
             with torch.no_grad():
-                shards[rank].weight -= 0.1 * shards[rank].weight.grad
+                shards[rank].weight -= 0.1 * shards[rank].weight.grad / 2
         with torch.no_grad():
             for p, g0, g1 in zip(replicated.parameters(), *grads, strict=True):
                 p -= 0.1 * (g0 + g1) / 2

@@ -13,7 +13,6 @@ from .model_parallel import (
     RowParallelLinear,
     all_gather,
     all_reduce,
-    copy_to_parallel,
     split,
 )
 
@@ -22,6 +21,5 @@ __all__ = [
     "RowParallelLinear",
     "all_gather",
     "all_reduce",
-    "copy_to_parallel",
     "split",
 ]

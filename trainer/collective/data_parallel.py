@@ -11,8 +11,10 @@ averaged into the first step).
 Replicated means: not marked ``is_distributed=True``. That is Paddle's attribute
 for a model-parallel shard (each rank holds a different slice of the weight), so
 such a parameter is never broadcast and never averaged, here or by
-``distributed_model`` (``ddp_without_shards``). Its gradient is the one its own
-layer's collectives computed (``trainer.collective.model_parallel``).
+``distributed_model`` (``ddp_without_shards``). Its layer's collectives give it
+the gradient of the sum of the ranks' losses (``model_parallel``); training
+minimises their mean, so its gradient is divided by the number of ranks as it
+arrives (``scale_shard_gradients``), as the replicated ones are by averaging.
 
 A parameter that ``DistributedDataParallel`` already synchronised needs no
 second all-reduce; averaging it again would only cost the traffic, since the
@@ -41,6 +43,8 @@ __all__ = [
     "ddp_without_shards",
     "distributed_model",
     "is_distributed",
+    "scale_shard_gradients",
+    "shard_gradients_scaled",
 ]
 
 # One all-reduce per bucket of gradients of one dtype, as DDP's default 25 MiB:
@@ -53,6 +57,8 @@ BUCKET_BYTES = 25 << 20
 _DDP_OF_PARAMETER = "_fleetfeed_ddp"
 # On that module: how many forwards ran through it.
 _FORWARDS = "_fleetfeed_forwards"
+# On a model-parallel shard whose gradient is divided by the number of ranks.
+_SCALED_SHARD = "_fleetfeed_scaled_shard"
 
 
 def is_distributed(parameter: torch.Tensor) -> bool:
@@ -61,6 +67,24 @@ def is_distributed(parameter: torch.Tensor) -> bool:
     Read from the parameter's own attributes: ``torch.Tensor`` has a legacy
     method of that name, which ``getattr`` would find (and which is truthy)."""
     return vars(parameter).get("is_distributed") is True
+
+
+def shard_gradients_scaled(parameter: torch.Tensor) -> bool:
+    """Whether ``scale_shard_gradients`` holds ``parameter``."""
+    return vars(parameter).get(_SCALED_SHARD) is True
+
+
+def scale_shard_gradients(parameters: Iterable[torch.Tensor]) -> None:
+    """Divides the gradient of each ``is_distributed`` shard among ``parameters``
+    by the number of ranks as it arrives (once per shard, however many wrappers
+    hold it), so shards and averaged replicated parameters follow one loss: the
+    mean of the ranks' losses."""
+    world = world_size()
+    for parameter in parameters:
+        if is_distributed(parameter) and parameter.requires_grad \
+                and not shard_gradients_scaled(parameter):
+            parameter.register_hook(lambda grad: grad / world)
+            setattr(parameter, _SCALED_SHARD, True)
 
 
 def distributed_model(model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
@@ -82,6 +106,7 @@ def ddp_without_shards(model: nn.Module, **ddp_options: Any) -> nn.Module:
     """``DistributedDataParallel(model)`` that neither broadcasts nor averages the
     parameters marked ``is_distributed``; remembers the ones it synchronises."""
     shards = [name for name, p in model.named_parameters() if is_distributed(p)]
+    scale_shard_gradients(model.parameters())
     if shards:
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             model, shards
@@ -272,12 +297,15 @@ class CollectiveOptimizer:
         self._forwards_at_last_step: dict[int, int] = {}
         self._overlapped: _OverlappedAverage | None = None
         if dist.is_initialized() and world_size() > 1:
+            scale_shard_gradients(self._parameters())
             self._start_equal()
-            outside_ddp = [
-                p for p in self._replicated() if p.requires_grad and _ddp_of(p) is None
-            ]
-            if outside_ddp:
-                self._overlapped = _OverlappedAverage(outside_ddp)
+            self._average_outside_ddp()
+
+    def _average_outside_ddp(self) -> None:
+        """Averages, while the backward runs, the gradients of the replicated
+        parameters that no ``distributed_model`` synchronises."""
+        outside_ddp = [p for p in self._replicated() if p.requires_grad and _ddp_of(p) is None]
+        self._overlapped = _OverlappedAverage(outside_ddp) if outside_ddp else None
 
     def _parameters(self) -> Iterable[torch.Tensor]:
         for group in self.optimizer.param_groups:
@@ -303,6 +331,10 @@ class CollectiveOptimizer:
         world = world_size()
         if self._overlapped is not None:
             self._overlapped.finish(world)
+            # Paddle's programs wrap the optimizer first, the model after: from
+            # the next step DDP alone averages what it synchronises.
+            if any(_ddp_of(p) is not None for p in self._overlapped.params):
+                self._average_outside_ddp()
         synchronized = self._ddp_forwarded_since_last_step()
         behind_ddp = [
             p for p in self._replicated()

@@ -1,17 +1,37 @@
 """Model-parallel pieces with autograd, over the process group of ``process_group``.
 
-Model parallelism follows Megatron-LM and Paddle's ``paddle.distributed.split``:
-the ranks of the group hold the *same* input and compute the *same* loss; a layer's
-weight is split across them. ``all_gather`` concatenates each rank's slice in the
-forward and hands each rank back its own slice of the gradient (Paddle's
-``c_concat`` / ``c_split`` pair); ``split`` is the reverse; ``all_reduce`` sums
-partial results forward and passes the gradient through; ``copy_to_parallel``
-passes its input through and sums its gradient (Paddle's ``c_identity``). ``ColumnParallelLinear``
-and ``RowParallelLinear`` are built from them.
+Each collective's backward is its exact adjoint, so one rule covers every way a
+model splits its work. Whatever each rank computes, the ranks' backwards
+together give the gradient of the *sum* of their losses with respect to every
+rank's tensors:
+
+- ``all_gather`` concatenates every rank's tensor; its backward sums the
+  gradients of the concatenation over the ranks and hands each rank its own
+  slice (a reduce-scatter: Paddle's ``c_allgather`` gradient);
+- ``split`` keeps this rank's slice; its backward puts the gradient back in
+  that slice, zeros elsewhere;
+- ``all_reduce`` sums over the ranks; its backward sums the gradients too.
+
+Training minimises the *mean* of the ranks' losses, as data parallelism does:
+the replicated parameters' gradients are averaged over the ranks, and each
+shard's gradient is divided by the number of ranks (``data_parallel``: by
+``fleet.distributed_optimizer`` or ``fleet.distributed_model``, which every
+collective program calls). The two ways of using model parallelism then train
+the model they mean without further care:
+
+- Paddle's model-parallel AlexNet: every rank has its own batch; a layer
+  all-gathers its input over the ranks, applies its slice of the weight, and
+  all-gathers the output slices (``all_gather(x, dim=0)`` then
+  ``all_gather(out, dim=1)``). The gradients equal one process's on the
+  concatenated batch.
+- Megatron-LM and ``paddle.distributed.split`` (``ColumnParallelLinear``,
+  ``RowParallelLinear``): every rank has the *same* input; the gradients equal
+  one process's on that input.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -19,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import process_group
+from .data_parallel import shard_gradients_scaled
 from .process_group import wait_for, world_size
 
 __all__ = [
@@ -26,7 +47,6 @@ __all__ = [
     "RowParallelLinear",
     "all_gather",
     "all_reduce",
-    "copy_to_parallel",
     "split",
 ]
 
@@ -35,6 +55,12 @@ def _gather(x: torch.Tensor, dim: int) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(world_size())]
     wait_for(dist.all_gather(parts, x.contiguous(), async_op=True), "all_gather")
     return torch.cat(parts, dim=dim)
+
+
+def _sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    result = x.clone()
+    wait_for(dist.all_reduce(result, async_op=True), "all_reduce")
+    return result
 
 
 def _own_slice(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -55,72 +81,73 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _own_slice(grad, ctx.dim), None
+        # A reduce-scatter; gloo has none, and an all-reduce of the whole
+        # gradient costs one extra copy at the sizes model parallelism splits.
+        return _own_slice(_sum_over_ranks(grad), ctx.dim), None
 
 
 class _Split(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
-        ctx.dim = dim
+        ctx.dim, ctx.shape = dim, x.shape
         return _own_slice(x, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _gather(grad, ctx.dim), None
+        full = grad.new_zeros(ctx.shape)
+        full.chunk(world_size(), dim=ctx.dim)[process_group.rank()].copy_(grad)
+        return full, None
 
 
 class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        result = x.clone()
-        wait_for(dist.all_reduce(result, async_op=True), "all_reduce")
-        return result
+        return _sum_over_ranks(x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad
-
-
-class _Copy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        result = grad.clone()
-        wait_for(dist.all_reduce(result, async_op=True), "all_reduce")
-        return result
-
-
-def copy_to_parallel(x: torch.Tensor) -> torch.Tensor:
-    """``x`` unchanged; its gradient is summed over ranks (the input of a layer
-    whose weight is split by output features contributes to every slice)."""
-    if not dist.is_initialized() or world_size() == 1:
-        return x
-    return _Copy.apply(x)
+        return _sum_over_ranks(grad)
 
 
 def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Concatenates every rank's ``x`` along ``dim`` (rank order), with autograd:
-    each rank gets back its own slice of the gradient."""
+    each rank gets back its own slice of the gradient summed over the ranks."""
     if not dist.is_initialized() or world_size() == 1:
         return x
     return _AllGather.apply(x, dim % x.dim())
 
 
 def split(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """This rank's slice of ``x`` along ``dim``; the gradient is all-gathered."""
+    """This rank's slice of ``x`` along ``dim``; the gradient lands in that slice."""
     if not dist.is_initialized() or world_size() == 1:
         return x
     return _Split.apply(x, dim % x.dim())
 
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """The sum of ``x`` over ranks; the gradient passes through unchanged."""
+    """The sum of ``x`` over ranks; the gradient is summed over the ranks too."""
     if not dist.is_initialized() or world_size() == 1:
         return x
     return _AllReduce.apply(x)
+
+
+def _warn_if_unsynchronized(layer: nn.Module) -> None:
+    """Warns once per layer that trains while nothing averages the gradients:
+    its shard's gradient would be the sum over the ranks, and the replicated
+    parameters before it would drift apart."""
+    if (
+        layer.training and torch.is_grad_enabled() and dist.is_initialized()
+        and world_size() > 1 and not shard_gradients_scaled(layer.weight)
+        and not getattr(layer, "_warned_unsynchronized", False)
+    ):
+        layer._warned_unsynchronized = True
+        warnings.warn(
+            f"rank {process_group.rank()}: {type(layer).__name__} is training but no "
+            "fleet.distributed_optimizer or fleet.distributed_model holds its parameters: "
+            "the ranks' gradients are not averaged, so they train different models. Wrap "
+            "the optimizer with fleet.distributed_optimizer(optimizer) before the first step.",
+            RuntimeWarning, stacklevel=3,
+        )
 
 
 def _mark_shards(*parameters: nn.Parameter | None) -> None:
@@ -170,7 +197,8 @@ class ColumnParallelLinear(nn.Module):
         self.gather_output = gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = nn.functional.linear(copy_to_parallel(x), self.weight, self.bias)
+        _warn_if_unsynchronized(self)
+        out = nn.functional.linear(x, self.weight, self.bias)
         return all_gather(out, dim=-1) if self.gather_output else out
 
 
@@ -209,6 +237,7 @@ class RowParallelLinear(nn.Module):
         self.input_is_parallel = input_is_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _warn_if_unsynchronized(self)
         if not self.input_is_parallel:
             x = split(x, dim=-1)
         out = all_reduce(nn.functional.linear(x, self.weight))
