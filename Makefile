@@ -14,7 +14,7 @@ SOURCES := setup.py pyproject.toml $(CYTHON_SOURCES)
 LINTERS := ruff==0.17.6 cython-lint==0.22.1
 CYTHON_FILES := $(sort $(CYTHON_SOURCES))
 
-.PHONY: all install build demo lint test test-pythons smoke-oldest bench bench-paddle bench-paddle-ps bench-ps clean
+.PHONY: all install build demo lint test test-pythons smoke-oldest bench bench-paddle bench-paddle-ps bench-ps record-paddle-fixtures clean
 
 all: test
 
@@ -89,6 +89,12 @@ $(PADDLE_VENV)/.installed:
 	touch $@
 
 bench-paddle: $(PADDLE_VENV)/.installed
+
+# Paddle 3.3.1's own generator output, which tests/generators compares fleetfeed
+# with on every run: re-record after changing tests/helpers/paddle_generator_cases.py
+# (tests/data/paddle_generators/README.md).
+record-paddle-fixtures: $(PADDLE_VENV)/.installed
+	$(PADDLE_VENV)/bin/python tests/generators/record_paddle_fixtures.py
 
 # Paddle's parameter server, for benchmarks/bench_ps.py: the registry's CPU builds
 # from 3.1 on lack its runtime (no DistFleetWrapper); 3.0.0 has it and needs protobuf<6.

@@ -2,12 +2,15 @@
 
 The oracle is ``paddle_generator_oracle``, a plain-Python model of Paddle's
 classes: for every sample Paddle accepts, fleetfeed must write the same bytes.
-When Paddle itself is installed (``/opt/paddle-venv``), the Criteo reader is
-also run on Paddle's real class and compared byte for byte.
+Real Paddle is the judge of a fixed set of cases (``paddle_generator_cases``,
+the Criteo reader among them): its output, recorded from Paddle 3.3.1 in
+``tests/data/paddle_generators/``, is compared with fleetfeed's and the
+oracle's on every run; where Paddle is installed, also with a fresh recording.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -22,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
+import paddle_generator_cases as paddle_cases
 import paddle_generator_oracle as oracle
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -43,8 +47,21 @@ REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests" / "helpers"
 CRITEO_READER = REPO / "benchmarks" / "readers" / "criteo_reader.py"
 CRITEO_RAW = REPO / "examples" / "data" / "real" / "criteo_raw.tsv"
-PADDLE_PYTHON = Path("/opt/paddle-venv/bin/python")
 PYTHON = sys.executable
+
+
+def find_paddle_python() -> Path | None:
+    """Paddle's interpreter: $FLEETFEED_PADDLE_PYTHON, else .venv-paddle (``make
+    record-paddle-fixtures`` builds it), else /opt/paddle-venv; None if none is there."""
+    candidates = [
+        os.environ.get("FLEETFEED_PADDLE_PYTHON", ""),
+        str(REPO / ".venv-paddle" / "bin" / "python"),
+        "/opt/paddle-venv/bin/python",
+    ]
+    return next((Path(c) for c in candidates if c and Path(c).exists()), None)
+
+
+PADDLE_PYTHON = find_paddle_python()
 
 # Slow machines and shared CI runners: no per-example deadline.
 HYPOTHESIS = settings(
@@ -150,46 +167,7 @@ def test_example_from_paddle_docs() -> None:
     assert numeric_line(sample) == b"3 1 2 3 1 1\n" == oracle_line(sample)
 
 
-SPECIAL_VALUES = [
-    0,
-    1,
-    -1,
-    7,
-    -42,
-    2**31,
-    -(2**31),
-    2**63 - 1,
-    -(2**63),
-    2**63,
-    -(2**63) - 1,
-    2**64,
-    2**64 + 1,
-    -(2**64),
-    10**30,
-    -(10**40),
-    True,
-    False,
-    0.0,
-    -0.0,
-    0.1 + 0.2,
-    1e-07,
-    1e16,
-    1e15,
-    1e-4,
-    1e-5,
-    5e-324,
-    2.2250738585072014e-308,
-    1.7976931348623157e308,
-    math.inf,
-    -math.inf,
-    math.nan,
-    1.5,
-    -2.25,
-    123456.789,
-    1e22,
-    1e23,
-    9007199254740993.0,
-]
+SPECIAL_VALUES = paddle_cases.SPECIAL_VALUES  # also a recorded Paddle case
 
 
 @pytest.mark.parametrize("value", SPECIAL_VALUES, ids=repr)
@@ -1052,10 +1030,111 @@ def test_criteo_reader_matches_the_oracle() -> None:
     assert first[0] == b"13" and len(first) == 14 + 26 * 2 + 2
 
 
+# --------------------------------------------------------------------------
+# Real Paddle: its recorded output (tests/data/paddle_generators/README.md)
+
+
+@functools.cache
+def recorded_paddle() -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """What the recording was made with, and Paddle's result for every case.
+    Read on first use: a damaged recording fails the tests that use it, no more."""
+    return paddle_cases.read_recording(paddle_cases.FIXTURES)
+
+
+def paddle_mismatches(name: str, paddle: dict[str, Any]) -> list[str]:
+    """How fleetfeed and the oracle differ from Paddle's result on case ``name``.
+
+    The oracle must match Paddle exactly, error messages included. fleetfeed
+    must write Paddle's bytes and ``_proto_info``; where Paddle raises, it must
+    raise too: its own SampleError (messages that say where), or Paddle's
+    exception word for word. A few samples that Paddle writes, fleetfeed
+    refuses on purpose (``STRICTER_IN_FLEETFEED``)."""
+    case = paddle_cases.CASES[name]
+    ours = paddle_cases.run_case(case, paddle_cases.base_classes("fleetfeed"))
+    model = paddle_cases.run_case(case, paddle_cases.base_classes("oracle"))
+    problems = []
+    if model != paddle:
+        problems.append(f"{name}: the oracle {differs(model, paddle)}")
+    if "error" in paddle or name in paddle_cases.STRICTER_IN_FLEETFEED:
+        error = ours.get("error")
+        fleetfeeds_own = error is not None and error["type"] == "SampleError"
+        if not (fleetfeeds_own or error == paddle.get("error")):
+            problems.append(f"{name}: fleetfeed {differs(ours, paddle)}")
+    elif ours != paddle:
+        problems.append(f"{name}: fleetfeed {differs(ours, paddle)}")
+    return problems
+
+
+def differs(result: dict[str, Any], paddle: dict[str, Any]) -> str:
+    """Where a result of run_case differs from Paddle's, in a line: a line number
+    finds a difference in 50 kB of output sooner than a diff does."""
+
+    def outcome(result: dict[str, Any]) -> str:
+        if "error" in result:
+            return f"raised {result['error']['type']}: {result['error']['message']}"
+        lines = result["output"].count(b"\n")
+        return f"wrote {lines} lines"
+
+    if "output" not in result or "output" not in paddle:
+        return f"{outcome(result)}; Paddle {outcome(paddle)}"
+    if result["proto_info"] != paddle["proto_info"]:
+        return f"has _proto_info {result['proto_info']}; Paddle {paddle['proto_info']}"
+    ours, theirs = (r["output"].splitlines(keepends=True) for r in (result, paddle))
+    for number, (line, paddles) in enumerate(zip(ours, theirs, strict=False), start=1):
+        if line != paddles:
+            column = next(
+                (i for i, (a, b) in enumerate(zip(line, paddles, strict=False)) if a != b),
+                min(len(line), len(paddles)),
+            )
+            start = max(column - 40, 0)
+            return (
+                f"wrote at line {number}, byte {column + 1}: {line[start : column + 40]!r}; "
+                f"Paddle {paddles[start : column + 40]!r}"
+            )
+    return f"{outcome(result)}; Paddle {outcome(paddle)}"
+
+
+def test_every_case_is_recorded() -> None:
+    recorded_with, recorded = recorded_paddle()
+    assert recorded_with["paddlepaddle"] == paddle_cases.PADDLE_VERSION
+    # A new or renamed case needs a new recording: make record-paddle-fixtures.
+    assert list(recorded) == list(paddle_cases.CASES)
+
+
+@pytest.mark.parametrize("name", list(paddle_cases.CASES))
+def test_generators_match_recorded_paddle(name: str) -> None:
+    assert paddle_mismatches(name, recorded_paddle()[1][name]) == []
+
+
+def test_criteo_reader_process_matches_recorded_paddle() -> None:
+    # As a pipe command runs it: a process of its own, stdout a pipe.
+    ours = {"output": criteo_output(PYTHON, "fleetfeed", {}), "proto_info": None}
+    paddle = dict(recorded_paddle()[1]["criteo_reader"], proto_info=None)  # not seen from outside
+    assert ours == paddle, differs(ours, paddle)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not PADDLE_PYTHON.exists(), reason="needs Paddle in /opt/paddle-venv"
+    PADDLE_PYTHON is None,
+    reason="needs Paddle: make record-paddle-fixtures installs it in .venv-paddle",
 )
-def test_criteo_reader_matches_real_paddle() -> None:
-    ours = criteo_output(PYTHON, "fleetfeed", {})
-    assert ours == criteo_output(str(PADDLE_PYTHON), "paddle", {})
+def test_generators_match_live_paddle(tmp_path: Path) -> None:
+    env = child_env()
+    env.pop("PYTHONPATH")  # Paddle's venv imports nothing of this checkout but the cases
+    recorder = REPO / "tests" / "generators" / "record_paddle_fixtures.py"
+    result = subprocess.run(
+        [str(PADDLE_PYTHON), str(recorder), "--output-dir", str(tmp_path), "--any-version"],
+        capture_output=True,
+        check=False,  # asserted below, with the stderr in the message
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    live_with, live = paddle_cases.read_recording(tmp_path)
+    assert list(live) == list(paddle_cases.CASES)
+    problems = [problem for name in live for problem in paddle_mismatches(name, live[name])]
+    assert problems == [], f"against Paddle {live_with['paddlepaddle']}"
+    recorded_with, recorded = recorded_paddle()
+    if live_with["paddlepaddle"] == recorded_with["paddlepaddle"]:
+        stale = [name for name in live if live[name] != recorded[name]]
+        assert stale == [], "recorded cases that Paddle no longer writes: re-record them"
