@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -18,10 +19,21 @@ def pytest_configure(config: pytest.Config) -> None:
     """Child processes (pipe commands, generators, workers, test files run as
     scripts) import this checkout, whether or not it is installed in the
     interpreter running the tests, and the helpers (``from support import ...``)."""
+    # Every job has a key (loopback is shared by the machine's users): the jobs
+    # the tests start share this one unless a test sets or removes its own.
+    os.environ.setdefault("FLEETFEED_JOB_KEY", secrets.token_hex(32))
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), str(REPO / "tests" / "helpers")]
         + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkpoint_root_for_tests(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The parameter servers the tests start save and load under the tests'
+    temporary directories (a server takes a directory from a message only under
+    its checkpoint root, trainer/ps/checkpoint/confined.py)."""
+    os.environ.setdefault("FLEETFEED_CHECKPOINT_ROOT", str(tmp_path_factory.getbasetemp()))
 
 
 @pytest.fixture

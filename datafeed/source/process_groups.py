@@ -29,8 +29,10 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 __all__ = [
+    "JOB_KEY_VARIABLES",
     "ProcessEntry",
     "StderrTail",
+    "command_environment",
     "commands_end_on_sigterm",
     "end_every_group",
     "end_group",
@@ -64,14 +66,26 @@ _closing = False
 _spawning = 0
 
 
+# The job key's variables (trainer/job/keys.py): reader and download commands are
+# third-party code that has no use for the key, so they never see it.
+JOB_KEY_VARIABLES = ("FLEETFEED_JOB_KEY", "FLEETFEED_JOB_KEY_FILE", "FLEETFEED_JOB_SECRET")
+
+
+def command_environment() -> dict[str, str]:
+    """This process's environment without the job key's variables."""
+    return {k: v for k, v in os.environ.items() if k not in JOB_KEY_VARIABLES}
+
+
 def spawn(args: list[str], stdin: Any, stderr: Any) -> subprocess.Popen:
-    """Starts ``args`` in its own process group, its stdout a pipe."""
+    """Starts ``args`` in its own process group, its stdout a pipe, without the
+    job key in its environment."""
     global _spawning
     with _live_groups_lock:
         _spawning += 1
     try:
         process = subprocess.Popen(
-            args, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True
+            args, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True,
+            env=command_environment(),
         )
         with _live_groups_lock:
             _live_groups.add(process.pid)

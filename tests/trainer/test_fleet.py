@@ -245,7 +245,8 @@ def test_collective_fallback_and_a_one_rank_group():
     assert fleet.distributed_model(model) is model and not dist.is_initialized()
     fleet.barrier_worker()
     with reserved_ports(1) as (port,):  # this process's rendezvous store listens on it
-        maker = UserDefinedRoleMaker(True, current_id=0, worker_endpoints=[f"127.0.0.1:{port}"])
+        maker = UserDefinedRoleMaker(True, current_id=0, worker_endpoints=[f"127.0.0.1:{port}"],
+                                     job_secret="fleet-test-job-key-0123456789")
         fleet.init(maker, timeout=10)
     try:
         assert dist.is_initialized() and dist.get_world_size() == 1

@@ -99,7 +99,7 @@ def job_main(config: dict) -> None:
     eps = tuple(config["servers"])
     role = ClusterRole(
         Role.SERVER if config["role"] == "server" else Role.WORKER, config["index"],
-        config["workers"], eps, job_secret=config.get("secret"),
+        config["workers"], eps, job_secret=config.get("secret", "job-secret"),
     )
     torch.manual_seed(0)
     model = Model()
@@ -241,7 +241,7 @@ def test_sync_equals_local_training_on_both_workers_batches(mode_results):
 def test_unreachable_server_fails_fast_naming_it(monkeypatch):
     monkeypatch.setenv("FLEETFEED_PS_TIMEOUT", "1.5")
     with reserved_ports(1) as (port,):  # bound, never listening: connections are refused
-        role = ClusterRole(Role.WORKER, 0, 1, (f"127.0.0.1:{port}",))
+        role = ClusterRole(Role.WORKER, 0, 1, (f"127.0.0.1:{port}",), job_secret="job-secret")
         runtime = ParameterServerRuntime(role, Strategy("async"))
         model = nn.Linear(1, 1)
         runtime.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -32,10 +32,10 @@ def test_no_role_environment_is_one_local_worker():
 
 def test_trainer_and_pserver_roles():
     worker = role_of(ps_env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="1",
-                            FLEETFEED_JOB_KEY="s3cret-s3cret-s3cret"))
+                            FLEETFEED_JOB_KEY="s3cret-k3y-of-the-role-test"))
     assert worker == ClusterRole(
         Role.WORKER, 1, 2, ("127.0.0.1:6001", "127.0.0.1:6002"),
-        job_secret="s3cret-s3cret-s3cret",
+        job_secret="s3cret-k3y-of-the-role-test",
     )
     server = role_of(ps_env(TRAINING_ROLE="PSERVER", POD_IP="127.0.0.1", PADDLE_PORT="6002",
                             PADDLE_TRAINER_ENDPOINTS="127.0.0.1:7001,127.0.0.1:7002"))

@@ -29,9 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..job.errors import CheckpointError
 from . import lifecycle
 from .checkpoint import directory as checkpoint
 from .checkpoint import table_files
+from .checkpoint.confined import checkpoint_root, confined_directory
 from .placement import dense_owners
 from .tables.step_rows import PulledRows, pull_numbered, push_numbered
 from .tables.table import SparseTable, as_u64, shard_of
@@ -68,6 +70,9 @@ class ParameterServer:
         owners = dense_owners([p.shape for p in self.dense], server_num)
         self.owned = [i for i, owner in enumerate(owners) if owner == index]
         self.dense_optimizer = dense_optimizer
+        # Where a save or a load that a message names must lie (read once: the
+        # working directory may change later).
+        self.checkpoint_root = checkpoint_root()
         self._dense_lock = threading.Lock()
         self._lock = threading.Lock()
         self._active = set(range(worker_num))
@@ -402,13 +407,21 @@ def barrier(worker: int) -> Future:
 
 
 def save(dirname: str, kind: str) -> None:
-    """Writes this server's shards (``kind``: "base" or "delta") into ``dirname``."""
-    _current().save(dirname, kind)
+    """Writes this server's shards (``kind``: "base" or "delta") into ``dirname``,
+    which must lie under the server's checkpoint root (``confined``)."""
+    if kind not in ("base", "delta"):
+        raise CheckpointError(
+            f"expected a save of kind 'base' or 'delta', found {kind!r:.100}", path=str(dirname)
+        )
+    server = _current()
+    server.save(confined_directory(dirname, server.checkpoint_root, create=True), kind)
 
 
 def load(dirname: str) -> None:
-    """Loads this server's part of the checkpoint at ``dirname``."""
-    _current().load(dirname)
+    """Loads this server's part of the checkpoint at ``dirname``, which must lie
+    under the server's checkpoint root (``confined``)."""
+    server = _current()
+    server.load(confined_directory(dirname, server.checkpoint_root, create=False))
 
 
 def table_size(name: str) -> int:
