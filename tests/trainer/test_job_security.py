@@ -337,3 +337,149 @@ def test_another_user_of_the_machine_reaches_no_operation_of_a_job(
     assert got == {"environ": "PermissionError", "key file": "PermissionError",
                    "null": None, "curve": None}, got
     assert json.loads((tmp_path / "result.0").read_text())["auc"] > 0.7
+
+
+@pytest.fixture
+def installed_server(tmp_path, monkeypatch):
+    """A server of test_ps's model (tables ps_emb of 8 and ps_wide of 1, one
+    dense layer), its handlers installed as the wire calls them; 2 workers."""
+    monkeypatch.setenv("FLEETFEED_CHECKPOINT_ROOT", str(tmp_path))
+    role = ClusterRole(Role.SERVER, 0, 2, ("127.0.0.1:1",), job_secret=KEY)
+    runtime = ParameterServerRuntime(role, None)
+    model = Model()
+    runtime.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+    runtime.init_server()
+    handlers.install(runtime.server)
+    yield runtime.server
+    handlers.install(None)
+
+
+def test_a_key_holders_push_that_would_corrupt_the_model_is_refused(installed_server):
+    server = installed_server
+    before = {i: v.clone() for i, v in handlers.pull_dense().items()}
+    ids = torch.tensor([3, 4])
+    rows_before = handlers.pull_tables(["ps_emb"], ids, True)[0].clone()
+    nan = torch.full((2, 8), float("nan"))
+    bad_pushes = [
+        ({}, {-1: torch.zeros(8)}, r"expected dense indices among this server's \[0, 1\], found -1"),
+        ({}, {7: torch.zeros(8)}, r"found 7"),
+        ({}, {True: torch.zeros(8)}, r"found True"),
+        ({}, {0: torch.zeros(3)}, r"dense parameter 0 has 8 values, found 3"),
+        ({}, {0: torch.full((8,), float("inf"))}, r"expected finite values, found 8 NaN or inf"),
+        ({"ps_emb": (ids, nan)}, {}, r"table 'ps_emb': expected finite values"),
+        ({"ps_emb": (ids, torch.zeros(2, 9))}, {}, r"expected values of shape \(2, 8\), found"),
+        ({"ps_emb": (ids, torch.zeros(3, 8))}, {}, r"expected values of shape \(2, 8\), found"),
+    ]
+    for sparse, dense, message in bad_pushes:
+        with pytest.raises(ValueError, match=message):
+            handlers.push(0, sparse, dense)
+        with pytest.raises(ValueError, match=message):
+            handlers.push_sync(1, sparse, dense)
+        with pytest.raises(ValueError, match=message):
+            handlers.geo_push(0, sparse, dense)
+    for i, values in handlers.pull_dense().items():
+        assert torch.equal(values, before[i])
+    assert torch.equal(handlers.pull_tables(["ps_emb"], ids, True)[0], rows_before)
+    assert server.owned == [0, 1]
+
+
+def test_a_pass_id_beyond_any_day_is_refused_and_saves_go_on(installed_server, tmp_path):
+    for bad in (2**80, -1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match=r"expected a pass id in \[0, 2\*\*62\]"):
+            handlers.set_pass(bad)
+    handlers.set_pass(20261127)
+    handlers.save("day", "base")
+    assert (tmp_path / "day" / "sparse.ps_emb.shard0.arrow").stat().st_size > 0
+
+
+# -- checkpoint files a key holder (or a disk) could hand a server --------------------
+
+
+@pytest.fixture
+def saved_checkpoint(installed_server, tmp_path) -> Path:
+    handlers.push(0, {"ps_emb": (torch.arange(50), torch.ones(50, 8))}, {})
+    handlers.save("day", "base")
+    return tmp_path / "day"
+
+
+def test_compressed_checkpoint_files_are_refused_before_they_are_inflated(saved_checkpoint):
+    import pyarrow as pa
+
+    from trainer.ps.checkpoint import directory, table_files
+
+    rows = saved_checkpoint / "sparse.ps_emb.shard0.arrow"
+    reader = pa.ipc.open_file(pa.memory_map(str(rows)))
+    squeezed = saved_checkpoint / "squeezed.arrow"
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_file(str(squeezed), reader.schema, options=options) as writer:
+        for i in range(reader.num_record_batches):
+            batch, custom = reader.get_batch_with_custom_metadata(i)
+            writer.write_batch(batch, custom_metadata=custom)
+    table_files.open_shard(str(rows), table="ps_emb", dim=8)  # the original is fine
+    with pytest.raises(CheckpointError, match=r"found message \d+ is a compressed record batch"):
+        table_files.open_shard(str(squeezed), table="ps_emb", dim=8)
+
+    import zipfile
+
+    dense = saved_checkpoint / "dense.shard0.pt"
+    deflated = saved_checkpoint / "deflated.pt"
+    with zipfile.ZipFile(dense) as source, zipfile.ZipFile(deflated, "w") as target:
+        for entry in source.infolist():
+            target.writestr(entry.filename, source.read(entry), zipfile.ZIP_DEFLATED)
+    assert directory.load_file(str(dense))["indices"].tolist() == [0, 1]
+    with pytest.raises(CheckpointError, match=r"expected torch.save's uncompressed entries"):
+        directory.load_file(str(deflated))
+
+
+def test_a_fifo_or_a_huge_dim_as_a_table_file_is_refused(saved_checkpoint):
+    import pyarrow as pa
+
+    from trainer.ps.checkpoint import directory, table_files
+
+    fifo = saved_checkpoint / "fifo.arrow"
+    os.mkfifo(fifo)  # no writer: reading it would block forever
+    with pytest.raises(CheckpointError, match=r"expected a regular file"):
+        table_files.open_shard(str(fifo))
+    with pytest.raises(CheckpointError, match=r"expected a regular file"):
+        directory.load_file(str(fifo))
+    rows = saved_checkpoint / "sparse.ps_emb.shard0.arrow"
+    reader = pa.ipc.open_file(pa.memory_map(str(rows)))
+    for dim, message in (("9" * 30, r"expected an int in \[0, 10\*\*18\)"),
+                         (str(2**40), r"expected at most 1048576")):
+        wide = saved_checkpoint / "wide.arrow"
+        metadata = {**reader.schema.metadata, b"dim": dim.encode()}
+        with pa.ipc.new_file(str(wide), reader.schema.with_metadata(metadata)) as writer:
+            writer.write_batch(reader.get_batch(0))
+        with pytest.raises(CheckpointError, match=message):
+            table_files.open_shard(str(wide))
+
+
+def test_mutated_table_files_are_refused_with_a_checkpoint_error(saved_checkpoint):
+    """Random byte changes, cuts and appends of a good table file: each one is
+    accepted (it still checks) or refused with CheckpointError, never another
+    error (raw OSError, UnicodeDecodeError, OverflowError were seen before)."""
+    import random
+
+    from trainer.ps.checkpoint import table_files
+
+    good = (saved_checkpoint / "sparse.ps_emb.shard0.arrow").read_bytes()
+    rng = random.Random(7)
+    mutated = saved_checkpoint / "mutated.arrow"
+    outcomes = {"accepted": 0, "refused": 0}
+    for _ in range(300):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            choice = rng.random()
+            if choice < 0.6:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            elif choice < 0.8:
+                del data[rng.randrange(len(data)):]
+            else:
+                data += bytes(rng.randrange(256) for _ in range(rng.randint(1, 64)))
+        mutated.write_bytes(bytes(data))
+        try:
+            table_files.open_shard(str(mutated), table="ps_emb", dim=8)
+            outcomes["accepted"] += 1
+        except CheckpointError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 250, outcomes

@@ -69,6 +69,7 @@ class ParameterServer:
         self.dense = list(dense)
         owners = dense_owners([p.shape for p in self.dense], server_num)
         self.owned = [i for i, owner in enumerate(owners) if owner == index]
+        self._owned_set = frozenset(self.owned)
         self.dense_optimizer = dense_optimizer
         # Where a save or a load that a message names must lie (read once: the
         # working directory may change later).
@@ -109,6 +110,36 @@ class ParameterServer:
                 f"found {worker}"
             )
         return worker
+
+    def check_gradients(self, sparse: SparsePart, dense: DensePart, what: str) -> None:
+        """Refuses a push that would corrupt the model rather than apply it: a
+        dense index this server does not own (-1 would reach the last
+        parameter), values that do not fit the parameter or the table's rows,
+        and values that are not finite (a diverged or hostile worker).
+
+        Raises:
+            ValueError: naming the part at fault; nothing was applied.
+        """
+        where = f"server {self.index}: {what}"
+        for i, values in dense.items():
+            if isinstance(i, bool) or not isinstance(i, int) or i not in self._owned_set:
+                raise ValueError(
+                    f"{where}: expected dense indices among this server's {self.owned}, found {i!r}"
+                )
+            if values.numel() != self.dense[i].numel():
+                raise ValueError(
+                    f"{where}: dense parameter {i} has {self.dense[i].numel()} values, "
+                    f"found {values.numel()}"
+                )
+            _require_finite(values, f"{where}: dense parameter {i}")
+        for name, (ids, values) in sparse.items():
+            table = self.table(name)
+            if values.dim() != 2 or values.shape != (ids.shape[0], table.dim):
+                raise ValueError(
+                    f"{where}: table {name!r} expected values of shape ({ids.shape[0]}, "
+                    f"{table.dim}), found {tuple(values.shape)}"
+                )
+            _require_finite(values, f"{where}: table {name!r}")
 
     def table(self, name: str) -> SparseTable:
         table = self.tables.get(name)
@@ -178,6 +209,7 @@ class ParameterServer:
     ) -> dict[int, torch.Tensor]:
         """Applies gradients (async); rows that ``worker``'s ``pull_step``
         found are updated at the row numbers it found. Returns the dense values."""
+        self.check_gradients(sparse, dense, "push")
         for name, (ids, grads) in sparse.items():
             table = self.table(name)
             u64 = as_u64(ids)
@@ -192,6 +224,7 @@ class ParameterServer:
     def push_sync(self, worker: int, sparse: SparsePart, dense: DensePart) -> Future:
         future: Future = Future()
         self.check_worker(worker)
+        self.check_gradients(sparse, dense, f"worker {worker}'s synchronous push")
         with self._lock:
             if any(w == worker for w, *_ in self._round):
                 future.set_exception(
@@ -241,6 +274,7 @@ class ParameterServer:
     def geo_push(
         self, sparse: SparsePart, dense: DensePart
     ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+        self.check_gradients(sparse, dense, "GEO push")
         scale = 1.0 / max(1, self.worker_num)
         rows = {
             name: self.table(name).add(ids, deltas * scale)
@@ -346,6 +380,17 @@ def install(server: ParameterServer | None) -> None:
     _server = server
 
 
+def _require_finite(values: torch.Tensor, what: str) -> None:
+    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        bad = int((~torch.isfinite(values)).sum())
+        raise ValueError(f"{what}: expected finite values, found {bad} NaN or infinite")
+
+
+# A pass is a day or an hour number (Paddle's 20261127): anything beyond this is
+# a mistake, and would not fit the int64 a save records it in.
+MAX_PASS_ID = 2**62
+
+
 def _current() -> ParameterServer:
     if _server is None:
         raise ValueError(f"process {os.getpid()} is not serving: init_server() was not called")
@@ -431,6 +476,8 @@ def table_size(name: str) -> int:
 
 def set_pass(pass_id: int) -> None:
     """Starts pass ``pass_id`` in every table of this server (logs their statistics)."""
+    if isinstance(pass_id, bool) or not isinstance(pass_id, int) or not 0 <= pass_id <= MAX_PASS_ID:
+        raise ValueError(f"expected a pass id in [0, 2**62], found {pass_id!r:.100}")
     server = _current()
     lifecycle.set_pass(server.tables, pass_id, f"server {server.index}")
 

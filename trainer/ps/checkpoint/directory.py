@@ -36,12 +36,16 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import mmap
 import os
 import shutil
+import stat
 import uuid
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
 import torch
 
 from datafeed.source.fs import write_atomically
@@ -67,13 +71,57 @@ def save_file(obj: Any, path: str) -> None:
     write_atomically(path, lambda temporary: torch.save(obj, temporary))
 
 
+def map_regular_file(path: str) -> pa.Buffer:
+    """The bytes of the regular file ``path``, memory-mapped (a FIFO or a device
+    is refused before it is read: reading one would block or never end).
+
+    Raises:
+        CheckpointError: not a regular file, or empty.
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{path}: expected a regular file, found another kind "
+                                  f"(mode {info.st_mode:o})", path=path)
+        if info.st_size == 0:
+            raise CheckpointError(f"{path}: expected a checkpoint file, found an empty one",
+                                  path=path)
+        return pa.py_buffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+    finally:
+        os.close(fd)
+
+
+def _check_torch_archive(path: str) -> None:
+    """``torch.save`` stores its entries uncompressed: an entry that is deflated,
+    or larger than the file, would be inflated in memory before any check."""
+    data = map_regular_file(path)
+    size = data.size
+    try:
+        with zipfile.ZipFile(pa.BufferReader(data)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as error:
+        raise CheckpointError(f"{path}: expected a torch.save file (a zip archive), found "
+                              f"{type(error).__name__}: {first_line(error)}", path=path) from None
+    for entry in entries:
+        if entry.compress_type != zipfile.ZIP_STORED or entry.file_size > size:
+            raise CheckpointError(
+                f"{path}: expected torch.save's uncompressed entries, found {entry.filename!r:.80} "
+                f"compressed (method {entry.compress_type}) or announcing {entry.file_size} bytes "
+                f"in a file of {size}", path=path,
+            )
+
+
 def load_file(path: str) -> Any:
     """The tensors, numbers and strings in ``path`` (never other pickled objects).
 
     Raises:
         CheckpointError: not a ``torch.save`` file of such values (truncated,
-            corrupt, or holding pickled objects that ``weights_only`` refuses).
+            corrupt, compressed, or holding pickled objects that ``weights_only``
+            refuses).
     """
+    _check_torch_archive(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except OSError:

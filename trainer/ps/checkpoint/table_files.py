@@ -53,6 +53,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from datafeed.records.arrow import file_problem
+
 from ...job.errors import CheckpointError
 from ..tables.describe import describe_value
 from ..tables.optim import OptimizerSpec
@@ -74,6 +76,9 @@ __all__ = [
 ]
 
 TABLE_FORMAT_VERSION = "1"
+# The widest row a table file may declare: far above any embedding (Paddle's
+# reach 512), far below what would overflow a schema's list sizes.
+MAX_DIM = 1 << 20
 CHUNK_ROWS = 1 << 14  # rows per Arrow batch: a save holds a few batches at a time
 _META_KEYS = ("fleetfeed.table_format", "table", "dim", "optimizer", "kind", "pass", "shard",
               "content")
@@ -230,7 +235,23 @@ def open_shard(path: str, *, table: str | None = None, dim: int | None = None) -
         return CheckpointError(f"{path}: {message}", path=path)
 
     try:
-        reader = pa.ipc.open_file(pa.memory_map(path, "r"))
+        return _open_checked(path, table, dim, refuse)
+    except CheckpointError:
+        raise
+    except (OSError, UnicodeError, OverflowError, ValueError, pa.ArrowException) as error:
+        raise refuse(f"expected a table file of this format, found {type(error).__name__}: "
+                     f"{checkpoint.first_line(error)}") from None
+
+
+def _open_checked(path: str, table: str | None, dim: int | None, refuse: Any) -> ShardFile:
+    data = checkpoint.map_regular_file(path)
+    # A compressed body would be inflated in memory before any check (an 18 KB
+    # file of zstd costs GBs): refused from the message headers alone.
+    problem = file_problem(data)
+    if problem is not None:
+        raise refuse(f"expected an uncompressed Arrow IPC file of table rows, found {problem}")
+    try:
+        reader = pa.ipc.open_file(data)
     except (pa.ArrowException, ValueError) as error:
         raise refuse(f"expected an Arrow IPC file of table rows, found {type(error).__name__}: "
                      f"{checkpoint.first_line(error)}") from None
@@ -244,10 +265,12 @@ def open_shard(path: str, *, table: str | None = None, dim: int | None = None) -
                      f"{describe_value(meta['fleetfeed.table_format'])}")
     numbers = {}
     for key in ("dim", "pass", "shard"):
-        if not (meta[key].isascii() and meta[key].isdigit()):
-            raise refuse(f"metadata {key!r}: expected an int >= 0, "
+        if not (meta[key].isascii() and meta[key].isdigit() and len(meta[key]) <= 18):
+            raise refuse(f"metadata {key!r}: expected an int in [0, 10**18), "
                          f"found {describe_value(meta[key])}")
         numbers[key] = int(meta[key])
+    if numbers["dim"] > MAX_DIM:
+        raise refuse(f"metadata 'dim': expected at most {MAX_DIM}, found {numbers['dim']}")
     if table is not None and meta["table"] != table:
         raise refuse(f"expected rows of table {table!r}, found {describe_value(meta['table'])}")
     if dim is not None and numbers["dim"] != dim:
