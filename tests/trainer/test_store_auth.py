@@ -97,3 +97,32 @@ def test_a_keyed_group_forms_and_reduces(tmp_path):
                     p.wait()
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert [o.strip().splitlines()[-1] for o in outputs] == ["3.0", "3.0"]
+
+
+def test_an_outsider_who_lists_the_store_reads_no_value(stores):
+    """TCPStore answers ``list_keys`` to anyone: the outsider gets every name and
+    every stored value, and finds the job's address in none of them."""
+    job, outsider, _ = stores
+    job.set("rank0/address", b"10.0.0.1:4000")
+    assert job.get("rank0/address") == b"10.0.0.1:4000"  # landed (a round trip)
+    names = outsider.list_keys()
+    assert any(name.endswith("/rank0/address") for name in names), names
+    for name in names:
+        value = outsider.get(name)
+        assert b"10.0.0.1" not in value and b"4000" not in value, (name, value)
+
+
+def test_a_value_from_another_attempt_is_refused(stores):
+    """A value captured in attempt 0 of a --max_restarts job, replayed into
+    attempt 1 under attempt 1's name, does not open there."""
+    _, outsider, server = stores
+    first = KeyedStore(server, KEY, attempt=0)
+    second = KeyedStore(server, KEY, attempt=1)
+    first.set("rank0/address", b"10.0.0.1:4000")
+    assert first.get("rank0/address") == b"10.0.0.1:4000"
+    assert not second.check(["rank0/address"])  # another attempt's names
+    captured = server.get(first._name("rank0/address"))
+    outsider.set(second._name("rank0/address"), captured)
+    outsider.get(second._name("rank0/address"))  # landed
+    with pytest.raises(WorkerFailedError, match="or by another attempt of the job"):
+        second.get("rank0/address")

@@ -17,11 +17,13 @@ Under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) every rank is a client of the
 agent's store, as with torch's own ``tcp://`` rendezvous.
 
 A job with a key (``trainer.job.keys``) reaches the store only through
-``KeyedStore``: every name it uses lies under a prefix derived from the key, and
-every value carries an HMAC of its name and bytes. TCPStore has no way to list
-names, so an outsider who reaches the port can neither find the job's entries
-to read them nor forge one that the job would accept (see SECURITY.md for
-what it can still do: fill the store, or disturb torchrun's own agent keys).
+``KeyedStore``: every name lies under a prefix derived from the key and the
+attempt, and every value is sealed: encrypted and authenticated with keys
+derived from the job key and the attempt (``--max_restarts``), so an outsider
+who reaches the port (and torch's ``list_keys`` shows it every name) can read
+no value, forge none, and replay none from one attempt into the next. What it
+can still do is in SECURITY.md: fill the store, or disturb torchrun's own
+agent keys; TCPStore has no quota and no authentication of its own.
 """
 
 from __future__ import annotations
@@ -87,41 +89,75 @@ def bound_store(
     )
 
 
-_TAG_BYTES = 32
+_SIV_BYTES = 32
+
+
+def _attempt() -> int:
+    """This attempt's number under a restarting launcher (fleetrun's
+    ``--max_restarts``, torchrun's), 0 the first time."""
+    for name in ("FLEETFEED_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 class KeyedStore(dist.Store):
     """A store whose names only the job's key can find and whose values only it
-    can write: names go under a key-derived prefix, values carry an HMAC-SHA256
-    tag of (name, value) that ``get`` checks.
+    can read and write.
 
-    ``add`` counters cannot carry a tag (the store adds to them); their names
+    A value is sealed as a deterministic authenticated encryption (SIV): its
+    synthetic IV is HMAC-SHA256(name, value) under one derived key, and the
+    bytes are XORed with an HMAC-SHA256 keystream of that IV under another.
+    Equal values seal equally (``compare_set`` compares sealed bytes), which
+    shows an outsider only that two entries are equal. Both keys, and the
+    names' prefix, are derived from the job key and the attempt: a value from
+    another attempt does not open here.
+
+    ``add`` counters cannot be sealed (the store adds to them); their names
     are hidden like every other name.
     """
 
-    def __init__(self, inner: dist.Store, key: str) -> None:
+    def __init__(self, inner: dist.Store, key: str, attempt: int | None = None) -> None:
         super().__init__()
         self._inner = inner
-        self._prefix = derive(key, "store/names").hex()[:32] + "/"
-        self._mac_key = derive(key, "store/values")
+        attempt = _attempt() if attempt is None else attempt
+        self._prefix = derive(key, f"store/names/{attempt}").hex()[:32] + "/"
+        self._siv_key = derive(key, f"store/siv/{attempt}")
+        self._stream_key = derive(key, f"store/stream/{attempt}")
 
     def _name(self, key: str) -> str:
         return self._prefix + key
 
-    def _tag(self, key: str, value: bytes) -> bytes:
-        message = key.encode() + b"\0" + value
-        return hmac.new(self._mac_key, message, hashlib.sha256).digest()
+    def _siv(self, key: str, value: bytes) -> bytes:
+        return hmac.new(self._siv_key, key.encode() + b"\0" + value, hashlib.sha256).digest()
+
+    def _keystream(self, siv: bytes, length: int) -> bytes:
+        blocks = (length + 31) // 32
+        return b"".join(
+            hmac.new(self._stream_key, siv + i.to_bytes(8, "big"), hashlib.sha256).digest()
+            for i in range(blocks)
+        )[:length]
+
+    def _xor(self, siv: bytes, data: bytes) -> bytes:
+        stream = self._keystream(siv, len(data))
+        return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
+            len(data), "big"
+        )
 
     def _sealed(self, key: str, value: bytes | str) -> bytes:
         raw = value.encode() if isinstance(value, str) else bytes(value)
-        return self._tag(key, raw) + raw
+        siv = self._siv(key, raw)
+        return siv + self._xor(siv, raw)
 
     def _opened(self, key: str, sealed: bytes) -> bytes:
-        tag, raw = sealed[:_TAG_BYTES], sealed[_TAG_BYTES:]
-        if len(sealed) < _TAG_BYTES or not hmac.compare_digest(tag, self._tag(key, raw)):
+        siv, hidden = sealed[:_SIV_BYTES], sealed[_SIV_BYTES:]
+        raw = self._xor(siv, hidden) if len(sealed) >= _SIV_BYTES else b""
+        if len(sealed) < _SIV_BYTES or not hmac.compare_digest(siv, self._siv(key, raw)):
             raise WorkerFailedError(
                 f"rendezvous store entry {key!r} does not carry this job's signature: written "
-                "by a process without the job key (FLEETFEED_JOB_KEY differs, or an outsider)"
+                "by a process without the job key (FLEETFEED_JOB_KEY differs, or an outsider), "
+                "or by another attempt of the job"
             )
         return raw
 
