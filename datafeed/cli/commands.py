@@ -1,7 +1,7 @@
 """The ``datafeed`` command line: look at what a reader produces before a long job.
 
 ``datafeed preview``  the first records of each file, decoded per slot name;
-``datafeed check``    every bad line (file:line, slot, token) and a summary;
+``datafeed check``    the first bad lines (file:line, slot, token), all counted by reason;
 ``datafeed stats``    records, values per record of each slot, distinct ids, speed;
 ``datafeed convert``  the parsed records as Parquet or a fleetfeed cache file.
 
@@ -12,6 +12,10 @@ are the input file's for a one-record-per-line reader.
 
 Exit status: 0 when all is well, 1 when ``check`` finds bad lines or a reader
 fails, 2 on a usage error (bad arguments, a missing file, a bad slot spec).
+
+What the data (or a reader's stderr, or a file's name) holds reaches the
+terminal through ``_printable``: a control character is shown escaped, never
+sent, so a file cannot retitle, clear or recolour the user's terminal.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ SHOWN_VALUES = 8
 # The parser is fed this much at a time by ``check``: parsed rows are dropped
 # after each piece, so memory stays flat whatever the file's size.
 CHECK_FEED_BYTES = 1 << 20
+# Bad lines ``check`` reports in full unless told otherwise (--examples): each
+# costs a few hundred bytes, and the rest are counted by reason anyway.
+DEFAULT_EXAMPLES = 100
 
 
 class UsageError(Exception):
@@ -56,6 +63,27 @@ class UsageError(Exception):
 
 def _schema(spec: str) -> SlotSchema:
     return SlotSchema(parse_slots(spec))
+
+
+def _printable(text: str, *, lines: bool = False) -> str:
+    """``text`` with every character that is not printable (ESC, CR, BEL, a
+    right-to-left override) written as Python writes it in a string literal
+    (``\\x1b``), and a file name's byte that is not UTF-8 (``\\udcff``) as
+    that byte (``\\xff``); printable Unicode stays as it is. With ``lines``
+    (a message that quotes a reader's stderr), newlines and tabs stay too."""
+    if text.isprintable():
+        return text
+    kept = "\n\t" if lines else ""
+    return "".join(c if c in kept else _escaped(c) for c in text)
+
+
+def _escaped(character: str) -> str:
+    if character.isprintable():
+        return character
+    code = ord(character)
+    if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for the byte code - 0xDC00
+        return f"\\x{code - 0xDC00:02x}"
+    return ascii(character)[1:-1]
 
 
 def _check_files(paths: Sequence[str]) -> None:
@@ -153,7 +181,7 @@ def _preview(args: argparse.Namespace, out: TextIO) -> int:
     width = max(len(s.name) for s in schema)
     bad = 0
     for path in args.files:
-        print(f"== {path} (pipe: {args.pipe}) ==", file=out)
+        print(_printable(f"== {path} (pipe: {args.pipe}) =="), file=out)
         lines, _ = _first_lines(args.pipe, path, args.n)
         if not lines:
             print("(no records)", file=out)
@@ -163,9 +191,9 @@ def _preview(args: argparse.Namespace, out: TextIO) -> int:
             except ParseError as error:
                 bad += 1
                 what = str(error).replace(f"{path}, line 1", f"{path}:{number}", 1)
-                print(f"record {number}: BAD LINE {what}", file=out)
+                print(_printable(f"record {number}: BAD LINE {what}"), file=out)
                 for name, text in _decode_loosely(schema, line):
-                    print(f"  {name:<{width}}  {text}", file=out)
+                    print(_printable(f"  {name:<{width}}  {text}"), file=out)
                 continue
             record = chunk_to_arrow(schema, chunk).to_pylist()[0]
             print(f"record {number}:", file=out)
@@ -184,11 +212,15 @@ def _preview(args: argparse.Namespace, out: TextIO) -> int:
 
 @dataclass
 class _FileCheck:
+    """What ``check`` found in one file: every bad line counted (by reason),
+    the first ones of the run (``--examples``) in full."""
+
     path: str
     lines: int = 0
     records: int = 0
-    bad_lines: list[dict[str, Any]] = field(default_factory=list)
+    bad: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
     reader_error: str | None = None
     bytes: int = 0
 
@@ -221,19 +253,22 @@ def _feed_all(parser: ChunkParser, view: memoryview) -> None:
 
 
 def _check_text(
-    schema: SlotSchema, path: str, data: mmap.mmap, view: memoryview, result: _FileCheck
+    schema: SlotSchema, path: str, data: mmap.mmap, view: memoryview, result: _FileCheck,
+    examples: int,
 ) -> None:
+    """Counts the lines, records and bad lines of ``view`` by reason, and keeps
+    the first ``examples`` bad lines in full."""
     # Pass 1, skip mode: the counts (lines, records, reasons) at full speed.
     counter = ChunkParser(schema, path, skip_bad_lines=True, max_line_bytes=max(len(view), 1))
     _feed_all(counter, view)
     result.lines, result.records = counter.lines, counter.records
-    result.reasons = counter.skipped_reasons
+    result.bad, result.reasons = counter.skipped_lines, counter.skipped_reasons
     if not counter.skipped_lines:
         return
     # Pass 2, raise mode: the skip mode keeps only the first few messages, so
-    # every bad line is found by parsing on from just after the previous one.
+    # the examples are found by parsing on from just after the previous one.
     offset, base_line = 0, 0
-    while offset <= len(view):
+    while offset <= len(view) and len(result.examples) < examples:
         parser = ChunkParser(schema, path, max_line_bytes=max(len(view), 1))
         try:
             _feed_all(parser, view[offset:])
@@ -245,7 +280,7 @@ def _check_text(
             rest = message[len(prefix):] if message.startswith(prefix) else f": {message}"
             where = f"{path}:{line}"
             text = f"{where}: {rest[2:]}" if rest.startswith(", ") else where + rest
-            result.bad_lines.append(
+            result.examples.append(
                 {
                     "file": path,
                     "line": line,
@@ -267,6 +302,9 @@ def _check_text(
 def _check(args: argparse.Namespace, out: TextIO) -> int:
     schema = _schema(args.slots)
     _check_files(args.files)
+    if args.examples < 0:
+        raise UsageError(f"--examples must be >= 0, got {args.examples}")
+    examples_left = args.examples
     counters = LoadCounters()
     progress = LoadProgress(len(args.files), progress_enabled(args.progress), "checking")
     results = []
@@ -286,22 +324,25 @@ def _check(args: argparse.Namespace, out: TextIO) -> int:
                         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                             view = memoryview(mapped)
                             try:
-                                _check_text(schema, path, mapped, view, result)
+                                _check_text(schema, path, mapped, view, result, examples_left)
                             finally:
                                 view.release()
+                        examples_left -= len(result.examples)
             counters.add(result.lines, result.bytes)
             counters.file_done()
             progress.update(counters)
     finally:
         progress.close()
     seconds = time.perf_counter() - started
-    bad = sum(len(r.bad_lines) for r in results)
+    bad = sum(r.bad for r in results)
+    shown = sum(len(r.examples) for r in results)
     failed = [r for r in results if r.reader_error]
     summary = {
         "files": len(results),
         "lines": sum(r.lines for r in results),
         "records": sum(r.records for r in results),
         "bad_lines": bad,
+        "bad_shown": shown,
         "reader_errors": len(failed),
         "seconds": round(seconds, 3),
         "per_file": [
@@ -309,30 +350,36 @@ def _check(args: argparse.Namespace, out: TextIO) -> int:
                 "file": r.path,
                 "lines": r.lines,
                 "records": r.records,
-                "bad_lines": len(r.bad_lines),
+                "bad_lines": r.bad,
                 "reasons": r.reasons,
                 "reader_error": r.reader_error,
             }
             for r in results
         ],
-        "bad": [b for r in results for b in r.bad_lines],
+        "bad": [b for r in results for b in r.examples],
     }
     if args.json:
         json.dump(summary, out, indent=2)
         out.write("\n")
     else:
         for result in results:
-            for line in result.bad_lines:
-                print(line["message"], file=out)
+            for line in result.examples:
+                print(_printable(line["message"]), file=out)
             if result.reader_error:
-                print(f"{result.path}: reader failed: {result.reader_error}", file=out)
+                failure = f"{result.path}: reader failed: {result.reader_error}"
+                print(_printable(failure, lines=True), file=out)
+        if bad > shown:
+            more = f"{bad - shown} more bad line" + ("s" if bad - shown > 1 else "")
+            print(f"... and {more}, counted by reason below (--examples N shows more)",
+                  file=out)
         for result in results:
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(result.reasons.items()))
             state = "READER FAILED" if result.reader_error else (
-                f"{len(result.bad_lines)} bad" + (f" ({reasons})" if reasons else "")
+                f"{result.bad} bad" + (f" ({reasons})" if reasons else "")
             )
             print(
-                f"{result.path}: {result.lines} lines, {result.records} records, {state}",
+                _printable(f"{result.path}: {result.lines} lines, {result.records} records, "
+                          f"{state}"),
                 file=out,
             )
         verdict = "OK" if not bad and not failed else "FAILED"
@@ -502,12 +549,18 @@ def build_parser() -> argparse.ArgumentParser:
     preview.set_defaults(run=_preview)
 
     check = commands.add_parser(
-        "check", help="report every bad line; non-zero exit status when any",
-        description="Parse every line and report each bad one as FILE:LINE: slot, "
-        "what was expected and the token found, then a summary per file.",
+        "check", help="report bad lines; non-zero exit status when any",
+        description="Parse every line, report the first bad ones as FILE:LINE: slot, "
+        "what was expected and the token found, and count all of them by reason in a "
+        "summary per file.",
     )
     _add_common(check)
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument(
+        "--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
+        help=f"bad lines reported in full, the first of all files (default "
+        f"{DEFAULT_EXAMPLES}); every bad line is counted by reason",
+    )
     check.set_defaults(run=_check)
 
     stats = commands.add_parser(
@@ -568,9 +621,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, DatafeedError, OSError) as error:
         sys.stdout.flush()
         if isinstance(error, (ReaderError, ParseError)):  # the data, not the usage
-            print(f"datafeed {args.command}: {error}", file=sys.stderr)
+            print(_printable(f"datafeed {args.command}: {error}", lines=True), file=sys.stderr)
             return 1
-        print(f"datafeed {args.command}: error: {error}", file=sys.stderr)
+        print(_printable(f"datafeed {args.command}: error: {error}", lines=True),
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -8,7 +8,8 @@ or the path of a slots file holding one slot per line, ``name dtype [shape]``
 (``#`` starts a comment; a line may also be a compact entry). Each entry is
 ``name:dtype[:shape]``: no shape means a sparse slot (any number of values per
 record), a shape (``13``, or ``4x8`` for a 2-D slot) a dense one. A name
-``C1..C26`` (or ``C1..26``) stands for the 26 slots ``C1``, ..., ``C26``.
+``C1..C26`` (or ``C1..26``) stands for the 26 slots ``C1``, ..., ``C26``; a
+spec declares at most ``MAX_SLOTS`` slots, checked before a range is expanded.
 ``str(slot)`` of every ``Slot`` is a valid entry, so ``format_slots`` and
 ``parse_slots`` round-trip.
 """
@@ -22,13 +23,23 @@ from collections.abc import Iterable
 from .errors import SchemaError
 from .slots import Slot, SlotSchema
 
-__all__ = ["format_slots", "parse_slots"]
+__all__ = ["MAX_SLOTS", "format_slots", "parse_slots"]
 
 _RANGE = re.compile(r"^(?P<prefix>.*?)(?P<start>\d+)\.\.(?:(?P=prefix))?(?P<end>\d+)$")
+# Slots one spec may declare: far beyond a real schema (Criteo's spec has 28),
+# and a bound on what a typo such as C1..C100000000 would allocate (its 10**8
+# slots took 3.6 GB before anything was checked).
+MAX_SLOTS = 100_000
 
 
-def _expand_name(name: str, where: str) -> list[str]:
+def _expand_name(name: str, where: str, declared: int) -> list[str]:
+    """The names ``name`` stands for; ``declared``: the slots before it."""
     if ".." not in name:
+        if declared >= MAX_SLOTS:
+            raise SchemaError(
+                f"{where}: the slot {name!r} makes {declared + 1} in all; a spec declares "
+                f"at most {MAX_SLOTS} slots"
+            )
         return [name]
     match = _RANGE.match(name)
     if match is None:
@@ -38,6 +49,12 @@ def _expand_name(name: str, where: str) -> list[str]:
     start, end = int(match["start"]), int(match["end"])
     if end < start:
         raise SchemaError(f"{where}: the range {name!r} ends before it starts")
+    count = end - start + 1
+    if declared + count > MAX_SLOTS:
+        raise SchemaError(
+            f"{where}: the range {name!r} stands for {count} slots, which makes "
+            f"{declared + count} in all; a spec declares at most {MAX_SLOTS} slots"
+        )
     return [f"{match['prefix']}{i}" for i in range(start, end + 1)]
 
 
@@ -54,7 +71,7 @@ def _parse_shape(text: str, where: str) -> tuple[int, ...]:
     return shape
 
 
-def _parse_entry(fields: list[str], where: str) -> list[Slot]:
+def _parse_entry(fields: list[str], where: str, declared: int) -> list[Slot]:
     if len(fields) not in (2, 3) or not all(fields):
         raise SchemaError(
             f"{where}: expected name:dtype[:shape] (or 'name dtype [shape]' in a "
@@ -62,7 +79,8 @@ def _parse_entry(fields: list[str], where: str) -> list[Slot]:
         )
     shape = _parse_shape(fields[2], where) if len(fields) == 3 else None
     try:
-        return [Slot(name, fields[1], shape) for name in _expand_name(fields[0], where)]
+        names = _expand_name(fields[0], where, declared)
+        return [Slot(name, fields[1], shape) for name in names]
     except SchemaError as error:
         if str(error).startswith(where):
             raise
@@ -81,7 +99,7 @@ def _parse_file(path: str) -> list[Slot]:
                 entry = entry.strip()
                 if entry:
                     fields = entry.split(":") if ":" in entry else entry.split()
-                    slots += _parse_entry(fields, where)
+                    slots += _parse_entry(fields, where, len(slots))
     return slots
 
 
@@ -97,7 +115,8 @@ def parse_slots(spec: str | os.PathLike) -> list[Slot]:
 
     Raises:
         SchemaError: a malformed entry (named, with where it is), an unknown
-            dtype, a bad shape, or a name that appears twice.
+            dtype, a bad shape, a name that appears twice, or more than
+            ``MAX_SLOTS`` slots.
     """
     text = os.fspath(spec)
     if os.path.isfile(text):
@@ -109,7 +128,9 @@ def parse_slots(spec: str | os.PathLike) -> list[Slot]:
             entry = entry.strip()
             if not entry:
                 continue
-            slots += _parse_entry(entry.split(":"), f"slot spec entry {number} ({entry!r})")
+            slots += _parse_entry(
+                entry.split(":"), f"slot spec entry {number} ({entry!r})", len(slots)
+            )
         where = "the slot spec"
     if not slots:
         raise SchemaError(f"{where} declares no slots (got {text!r})")

@@ -177,7 +177,7 @@ def batch_problem(batch: pa.RecordBatch, memory: tuple[int, int] | None = None) 
     """
     try:
         batch.validate(full=True)
-    except pa.ArrowException as error:
+    except (pa.ArrowException, OSError) as error:
         return f"Arrow's validation failed: {error}"
     start, size = memory if memory is not None else (0, 0)
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
@@ -208,14 +208,16 @@ def stream_batch(data: np.ndarray | pa.Buffer,
 
     The stream must hold a schema that ``schema_check`` accepts (it returns
     what is wrong, or None), one uncompressed record batch that passes
-    ``batch_problem``, and nothing more. Memory is shared with ``data``.
+    ``batch_problem``, and nothing more, not even bytes after its end.
+    Memory is shared with ``data``.
 
     Raises:
         ValueError: what was expected and what was found.
     """
     buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    source = pa.BufferReader(buffer)
     try:
-        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(buffer))
+        reader = pa.ipc.MessageReader.open_stream(source)
         messages = []
         for _ in range(3):  # a schema, one record batch, the end
             messages.append(reader.read_next_message())
@@ -228,9 +230,15 @@ def stream_batch(data: np.ndarray | pa.Buffer,
         raise ValueError(
             f"messages {kinds}, expected a schema and one record batch (then the end)"
         )
+    if source.tell() != buffer.size:  # a size announced larger than the stream
+        raise ValueError(
+            f"{buffer.size - source.tell()} bytes after the end of the stream, expected none"
+        )
+    # Arrow reports a malformed message as ArrowInvalid or as OSError (a length
+    # that runs past the bytes read): both are the bytes' fault, not ours.
     try:
         arrow_schema = pa.ipc.read_schema(messages[0])
-    except pa.ArrowException as error:
+    except (pa.ArrowException, OSError) as error:
         raise ValueError(f"an unreadable schema ({error})") from None
     problem = schema_check(arrow_schema)
     if problem is not None:
@@ -239,7 +247,7 @@ def stream_batch(data: np.ndarray | pa.Buffer,
         raise ValueError("a compressed record batch, expected uncompressed Arrow IPC")
     try:
         batch = pa.ipc.read_record_batch(messages[1], arrow_schema)
-    except pa.ArrowException as error:
+    except (pa.ArrowException, OSError) as error:
         raise ValueError(f"an unreadable record batch ({error})") from None
     problem = batch_problem(batch, _memory_of(data))
     if problem is not None:

@@ -1,4 +1,4 @@
-"""Returning freed memory to the operating system.
+"""Returning freed memory to the operating system, and how much there is.
 
 glibc keeps freed heap memory (the parser's growable buffers, arrays replaced by
 a shuffle) for reuse instead of returning it; on a 1M-record Criteo load that is
@@ -9,9 +9,17 @@ Paddle users report the same symptom after ``release_memory`` (Paddle #72527).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import os
 import sys
+
+# Where a container's memory limit is (cgroup v2, then v1), seen from inside it.
+_CGROUP_LIMITS = (
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+)
 
 
 def _load_malloc_trim():
@@ -31,3 +39,24 @@ def release_free_memory() -> None:
     """Gives the heap's free pages back to the OS (glibc); a no-op elsewhere."""
     if _malloc_trim is not None:
         _malloc_trim(0)
+
+
+def memory_limit_bytes() -> int | None:
+    """The most memory this process could ever use: the machine's physical
+    memory, or its container's limit when that is lower; None when unknown.
+
+    A plan that needs more than this cannot succeed, whoever announced it.
+    """
+    limits = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # no such sysconf names
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path, encoding="ascii") as file:
+                text = file.read().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit():  # "max": no limit
+            limits.append(int(text))
+    positive = [limit for limit in limits if limit > 0]
+    return min(positive) if positive else None

@@ -15,8 +15,11 @@ which holds it at local position ``j // world``. So:
 
 Records travel as Arrow IPC streams (never pickle), each carrying its position in
 an extra column, through ``all_to_all_single`` on byte tensors. A peer is not
-trusted: every payload is checked before its memory is used (``_decode``): its
-announced size against what its records can take, the exact schema, one
+trusted: what it announces is bounded before anything is allocated for it
+(``_check_announced``: its bytes must hold its records, and the shuffle of
+all the ranks' records must fit this host's memory; ``PeerAllowance``: over
+all rounds a peer sends no more bytes than it announced), and every payload is
+checked before its memory is used (``_decode``): the exact schema, one
 uncompressed record batch that passes Arrow's full validation (offsets in order
 and within bounds), and exactly the positions this rank expects from that peer
 in that round; a refusal is a ``GlobalShuffleError`` naming the peer. Records go
@@ -65,7 +68,7 @@ from ..records.arrow import (
     stream_batch,
 )
 from ..records.columns import RecordChunk
-from ..records.memory import release_free_memory
+from ..records.memory import memory_limit_bytes, release_free_memory
 from ..records.store import RecordStore
 from .collectives import HeldTermination, TimedCollectives, host_group
 from .hashing import ins_id_ranks
@@ -164,7 +167,7 @@ def _shuffle(
         "exchanging counts",
     )
     table = torch.stack(gathered).numpy()
-    _check_announced(table, rank)
+    _check_announced(table, rank, store.schema, memory_limit_bytes())
     counts, seeds, given, nbytes = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
     if given.any() and (not given.all() or len(set(seeds.tolist())) > 1):
         described = ", ".join(
@@ -216,6 +219,7 @@ def _shuffle(
         del perm
         destinations = positions % world
         final = None
+    allowance = PeerAllowance(len(schema), nbytes.tolist())
     received: list[RecordChunk] = []
     received_positions: list[np.ndarray] = []
     pending = list(store.chunks)
@@ -236,7 +240,7 @@ def _shuffle(
         what = f"round {index + 1} of {rounds}"
         due = [expected[bounds[index * world + s] : bounds[index * world + s + 1]]
                for s in range(world)]
-        limits = [_payload_limit(len(schema), len(d), int(nbytes[s])) for s, d in enumerate(due)]
+        limits = [allowance.limit(s, len(d)) for s, d in enumerate(due)]
         arrivals = dict(comm.exchange(*payloads, what, limits=limits))
         for source in range(world):
             if source not in arrivals and len(due[source]):
@@ -246,6 +250,7 @@ def _shuffle(
                     rank=rank, peers=(source,),
                 )
         for source, buffer in arrivals.items():
+            allowance.received(source, len(due[source]), len(buffer))
             chunk, pos = _decode(schema, buffer, source, rank, world, due[source], by_id)
             received.append(chunk)
             received_positions.append(pos)
@@ -295,9 +300,19 @@ def _shuffle(
 
 
 
-def _check_announced(table: np.ndarray, rank: int) -> None:
-    """Every rank's announced count, bytes and flags must be possible, and every
-    rank must route the same way."""
+# Bytes per record this rank holds for every record of the job while it plans
+# the shuffle: the permutation (or, by instance id, the owner of each record).
+PLAN_BYTES_PER_RECORD = 8
+
+
+def _check_announced(
+    table: np.ndarray, rank: int, schema: SlotSchema, memory_limit: int | None
+) -> None:
+    """Every rank's announced count, bytes and flags must be possible, every
+    rank must route the same way, and the shuffle they make must fit this
+    host's ``memory_limit`` (bytes; None: unknown): all before anything is
+    allocated from them (2**31 records would be a 16 GiB permutation)."""
+    least = _least_record_bytes(schema)
     for source, (count, _seed, given, nbytes, by_id) in enumerate(table.tolist()):
         if count < 0 or nbytes < 0 or given not in (0, 1) or by_id not in (0, 1):
             raise GlobalShuffleError(
@@ -306,6 +321,14 @@ def _check_announced(table: np.ndarray, rank: int) -> None:
                 "and sizes >= 0 and flags 0 or 1",
                 rank=rank, peers=(source,),
             )
+        if nbytes < count * least:  # an honest store holds at least this much
+            raise GlobalShuffleError(
+                f"rank {rank}: global_shuffle: rank {source} announced {count} records in "
+                f"{nbytes} bytes; records of these slots take at least {least} bytes each "
+                f"({count * least} bytes)",
+                rank=rank, peers=(source,),
+            )
+    _check_plan_fits(table, rank, memory_limit)
     by_id = table[:, 4]
     if (by_id != by_id[rank]).any():
         others = tuple(int(r) for r in np.flatnonzero(by_id != by_id[rank]))
@@ -316,6 +339,41 @@ def _check_announced(table: np.ndarray, rank: int) -> None:
             "_set_merge_by_lineid setting",
             rank=rank, peers=others,
         )
+
+
+def _check_plan_fits(table: np.ndarray, rank: int, memory_limit: int | None) -> None:
+    """Refuses a shuffle this rank could not hold: the plan's bytes for every
+    record of the job, plus this rank's share of the records (as every rank's
+    share, at least on average). Names the rank whose announcement weighs most."""
+    if memory_limit is None:
+        return
+    counts = [int(c) for c in table[:, 0]]
+    sizes = [int(b) for b in table[:, 3]]
+    world = len(counts)
+    needed = PLAN_BYTES_PER_RECORD * sum(counts) + sum(sizes) // world
+    if needed <= memory_limit:
+        return
+    weights = [PLAN_BYTES_PER_RECORD * c + b // world for c, b in zip(counts, sizes, strict=True)]
+    heaviest = weights.index(max(weights))
+    raise GlobalShuffleError(
+        f"rank {rank}: global_shuffle: rank {heaviest} announced {counts[heaviest]} records "
+        f"of {sizes[heaviest]} bytes; shuffling the {sum(counts)} records of all ranks takes "
+        f"at least {needed} bytes on this rank ({PLAN_BYTES_PER_RECORD} bytes per record for "
+        "the permutation, and this rank's share of the records' bytes), more than the "
+        f"{memory_limit} bytes of memory of this host",
+        rank=rank, peers=(heaviest,),
+    )
+
+
+def _least_record_bytes(schema: SlotSchema) -> int:
+    """The fewest bytes one record of ``schema`` takes in a store: a dense slot
+    its values; a sparse one an int32 offset, or (offset-free, one value per
+    record) a single value when that is smaller (a one-byte text id)."""
+    return sum(
+        slot.width * slot.numpy_dtype.itemsize if slot.is_dense
+        else min(4, slot.numpy_dtype.itemsize)
+        for slot in schema
+    )
 
 
 def _exchange_owners(
@@ -399,12 +457,34 @@ def _expected_arrivals(
     return positions, bounds
 
 
-def _payload_limit(slots: int, rows: int, sender_bytes: int) -> int:
-    """The most bytes an honest payload of ``rows`` records can take: no more
-    than the sender's whole dataset, plus positions, offsets and IPC framing."""
-    if rows == 0:
-        return 0
-    return sender_bytes + rows * 8 * (slots + 1) + 4096 * (slots + 2)
+class PeerAllowance:
+    """The bytes each peer may still send here, from what it announced.
+
+    A peer's payloads carry records of its own store, each once: over all
+    rounds their record bytes are at most the store's bytes it announced.
+    Each payload may add what is not records: positions, offsets and IPC
+    framing (``framing``). A peer's round therefore may bring what it has
+    left plus that round's framing, and no more, so that a peer cannot make
+    this rank hold its announcement again in every round.
+    """
+
+    def __init__(self, slots: int, announced: list[int]) -> None:
+        self.slots = slots
+        self.left = [int(b) for b in announced]
+
+    def framing(self, rows: int) -> int:
+        """The most bytes beside the records' own in a payload of ``rows``
+        records: 8 per record per slot (offsets) and for its position, and
+        the schema and message headers."""
+        return rows * 8 * (self.slots + 1) + 4096 * (self.slots + 2)
+
+    def limit(self, source: int, rows: int) -> int:
+        """The most bytes ``source`` may send in a round that brings ``rows`` records."""
+        return 0 if rows == 0 else self.left[source] + self.framing(rows)
+
+    def received(self, source: int, rows: int, size: int) -> None:
+        """Counts a payload of ``size`` bytes and ``rows`` records from ``source``."""
+        self.left[source] -= min(self.left[source], max(0, size - self.framing(rows)))
 
 
 # -- the send side -------------------------------------------------------------------
@@ -540,7 +620,7 @@ def _decode(
 
     try:
         batch = stream_batch(buffer, wire_schema_problem)
-    except ValueError as error:
+    except (ValueError, OSError, pa.ArrowException) as error:  # Arrow's own, to be sure
         raise refuse(str(error)) from None
     if batch.num_rows != len(expected):
         raise refuse(
@@ -559,7 +639,7 @@ def _decode(
         # Read-only views (only gathered from); a column whose records all hold
         # the same number of values comes back offset-free, as the store keeps it.
         chunk = chunk_from_record_batch(schema, batch)
-    except ValueError as error:
+    except (ValueError, OSError, pa.ArrowException) as error:
         raise refuse(str(error)) from None
     if by_id:
         owners = ins_id_ranks(chunk.columns[schema.index(INS_ID)], world)

@@ -3,7 +3,8 @@
 A filelist entry is a local path, or a URI that
 ``pyarrow.fs.FileSystem.from_uri`` accepts (``s3://bucket/key?endpoint_override=
 host:port&scheme=http&region=...``, ``hdfs://namenode:port/path``, ``gs://...``,
-``file:///...``); credentials come from the usual environment (``AWS_*``, ...).
+``file:///...``, percent-decoded, on this machine only, with no query or
+fragment); credentials come from the usual environment (``AWS_*``, ...).
 The ``filesystem=`` setting gives the filesystem of plain paths (a
 ``pyarrow.fs.FileSystem`` or an fsspec filesystem); Paddle's ``fs_name`` /
 ``fs_ugi`` map onto an HDFS filesystem (``hdfs_filesystem``); Paddle's
@@ -13,6 +14,11 @@ that prints the file (``DownloadCommand``).
 A remote file is streamed into the pipe command's standard input by a feeder
 thread (datafeed/source/process.py), never copied to local disk first; a ``.gz`` file
 is streamed compressed into ``gzip -dc``. The file name never reaches a shell.
+
+A local file name is whatever bytes the OS holds (Python's ``\udcff`` for a
+byte that is not UTF-8) and is opened as such, also by a download command;
+pyarrow's filesystems take UTF-8 names only, so such a name given to one is a
+``SchemaError`` that names the file, not a ``UnicodeEncodeError``.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import fnmatch
 import functools
 import os
 import shlex
+import stat as stat_module
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow.fs as pafs
 
@@ -58,7 +65,7 @@ def is_uri(path: str) -> bool:
 
 def is_gzip(path: str) -> bool:
     """Whether ``path`` names a gzip file (``.gz``, before any URI query)."""
-    return (urlsplit(path).path if is_uri(path) else path).endswith(".gz")
+    return (unquote(urlsplit(path).path) if is_uri(path) else path).endswith(".gz")
 
 
 def is_remote(path: str, filesystem: Any = None) -> bool:
@@ -81,7 +88,7 @@ def resolve(path: str, filesystem: Any = None) -> tuple[pafs.FileSystem, str]:
     if is_uri(path):
         parts = urlsplit(path)
         if parts.scheme == "file":
-            return pafs.LocalFileSystem(), parts.path
+            return pafs.LocalFileSystem(), _file_uri_path(path)
         base = f"{parts.scheme}://{parts.netloc}/" + (f"?{parts.query}" if parts.query else "")
         try:
             _, inner = pafs.FileSystem.from_uri(path)
@@ -93,6 +100,59 @@ def resolve(path: str, filesystem: Any = None) -> tuple[pafs.FileSystem, str]:
     if filesystem is None:
         return pafs.LocalFileSystem(), os.path.abspath(path)
     return filesystem, path
+
+
+def _file_uri_path(uri: str) -> str:
+    """The local path that the ``file:`` URI ``uri`` names, percent-decoded (RFC 8089).
+
+    A query, a fragment or another host would mean something that a local
+    file cannot give: refused rather than dropped.
+
+    Raises:
+        SchemaError: a query, a fragment, a host other than ``localhost``, or
+            a name that is not UTF-8 (pyarrow's local filesystem needs UTF-8).
+    """
+    parts = urlsplit(uri)
+    for mark, part, what in (("?", parts.query, "query"), ("#", parts.fragment, "fragment")):
+        if mark in uri:
+            raise SchemaError(
+                f"the file URI {uri!r} has a {what} ({part!r}), which names nothing in a "
+                "local file; expected file:///path"
+            )
+    if parts.netloc.lower() not in ("", "localhost"):
+        raise SchemaError(
+            f"the file URI {uri!r} names the host {parts.netloc!r}; a file URI names a "
+            "file of this machine: expected file:///path or file://localhost/path"
+        )
+    path = unquote(parts.path, errors="surrogateescape")  # %FF: the byte 0xff
+    problem = _not_utf8(path)
+    if problem is not None:
+        raise SchemaError(
+            f"the file URI {uri!r} names a file whose name is not UTF-8 ({problem}), which "
+            "pyarrow's filesystems cannot open; give its plain path instead"
+        )
+    return path
+
+
+def _not_utf8(name: str) -> str | None:
+    """What in ``name`` is not UTF-8 (``byte 0xff``), or None when all of it is."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as error:
+        character = name[error.start]
+        code = ord(character)
+        return f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+    return None
+
+
+def _refuse_not_utf8(path: str, name: str) -> None:
+    """Refuses a name that pyarrow's filesystems cannot hold, naming the file."""
+    problem = _not_utf8(name)
+    if problem is not None:
+        raise SchemaError(
+            f"{path!r} is not UTF-8 ({problem}), which pyarrow's filesystems cannot open; "
+            "read it as a local path (no filesystem setting) or rename it"
+        )
 
 
 def as_filesystem(value: Any) -> pafs.FileSystem | None:
@@ -115,11 +175,29 @@ def _first_line(error: BaseException) -> str:
 
 def stat(path: str, filesystem: Any = None) -> pafs.FileInfo:
     """The file's info; ``FileNotFoundError`` when there is no file there."""
+    if not is_remote(path, filesystem) and _not_utf8(path) is not None:
+        return _local_stat(path)  # pyarrow cannot hold the name; the OS can
     fs, inner = resolve(path, filesystem)
+    if not isinstance(fs, DownloadCommand):  # a command takes any name the OS gave
+        _refuse_not_utf8(path, inner)
     info = fs.get_file_info(inner)
     if info.type != pafs.FileType.File:
         raise FileNotFoundError(f"no file at {path}")
     return info
+
+
+def _local_stat(path: str) -> pafs.FileInfo:
+    """``stat`` of a local file whose name is not UTF-8, from the OS (the info
+    shows the name escaped: pyarrow holds names as UTF-8)."""
+    try:
+        result = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no file at {path}") from None
+    if not stat_module.S_ISREG(result.st_mode):
+        raise FileNotFoundError(f"no file at {path}")
+    shown = path.encode("utf-8", "backslashreplace").decode("utf-8")
+    return pafs.FileInfo(shown, pafs.FileType.File, size=result.st_size,
+                         mtime_ns=result.st_mtime_ns)
 
 
 def exists(path: str, filesystem: Any = None) -> bool:
@@ -145,6 +223,8 @@ def open_input(path: str, filesystem: Any = None) -> Any:
         FileNotFoundError: no such file or object.
     """
     fs, inner = resolve(path, filesystem)
+    if not isinstance(fs, DownloadCommand):
+        _refuse_not_utf8(path, inner)
     try:
         return fs.open_input_stream(inner, compression=None)
     except FileNotFoundError:
@@ -189,6 +269,7 @@ def list_files(
         FileNotFoundError: ``uri`` is not a directory.
     """
     fs, inner = resolve(uri, filesystem)
+    _refuse_not_utf8(uri, inner)
     inner = inner.rstrip("/") or "/"
     info = fs.get_file_info(inner)
     if info.type != pafs.FileType.Directory:
@@ -206,8 +287,8 @@ def list_files(
     if not is_uri(uri):
         return found
     parts = urlsplit(uri)
-    if parts.scheme == "file":
-        return [f"file://{p}" for p in found]
+    if parts.scheme == "file":  # quoted: a '%', '?' or '#' in a name stays part of it
+        return [f"file://{quote(p)}" for p in found]
     query = f"?{parts.query}" if parts.query else ""
     # pyarrow's path of an S3 object is "bucket/key": the host part of the URI.
     return [f"{parts.scheme}://{p}{query}" for p in found]
@@ -342,7 +423,10 @@ class DownloadCommand:
             SchemaError: the path is ``-`` or empty.
         """
         self._check_path(path)
-        return pafs.FileInfo(path, pafs.FileType.File)
+        # pyarrow holds a name as UTF-8: a byte that is not (\udcff) is shown
+        # escaped in the info; the command itself gets the name's own bytes.
+        shown = path.encode("utf-8", "backslashreplace").decode("utf-8")
+        return pafs.FileInfo(shown, pafs.FileType.File)
 
     def open_input_stream(self, path: str, compression: Any = None) -> CommandStream:
         """The command's standard output, as a readable stream."""

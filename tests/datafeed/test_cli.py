@@ -112,6 +112,27 @@ def test_parse_slots_errors_say_where(spec: str, message: str):
         parse_slots(spec)
 
 
+def test_a_name_range_is_bounded_before_it_is_expanded(tmp_path: Path):
+    """``C1..C100000000`` would be 10**8 Slot objects (3.6 GB): refused at once."""
+    from datafeed.config.spec import MAX_SLOTS
+
+    with pytest.raises(SchemaError) as refused:
+        parse_slots(f"label:int64:1,C1..C{MAX_SLOTS}:uint64")
+    assert str(refused.value) == (
+        f"slot spec entry 2 ('C1..C{MAX_SLOTS}:uint64'): the range 'C1..C{MAX_SLOTS}' "
+        f"stands for {MAX_SLOTS} slots, which makes {MAX_SLOTS + 1} in all; a spec "
+        f"declares at most {MAX_SLOTS} slots"
+    )
+    assert len(parse_slots(f"C1..C{MAX_SLOTS}:uint64")) == MAX_SLOTS
+    slots_file = tmp_path / "slots.txt"
+    slots_file.write_text("label int64 1\nC1..C100000000 uint64\n")
+    with pytest.raises(SchemaError, match=rf"{re.escape(str(slots_file))}, line 2: the "
+                       r"range 'C1..C100000000' stands for 100000000 slots"):
+        parse_slots(slots_file)
+    result = datafeed("check", BST, "--slots", "C1..C100000000:uint64", check_status=2)
+    assert "stands for 100000000 slots" in result.stderr
+
+
 # -- help and usage ----------------------------------------------------------------------
 
 
@@ -185,6 +206,27 @@ def test_preview_stops_reading_early_and_leaves_no_process():
     assert out.count("record ") == 1
 
 
+def test_preview_escapes_control_characters_of_the_data(tmp_path: Path):
+    """A token of the data (or a reader's stderr, or a file name) that holds
+    ESC, a backspace, a C1 control or a right-to-left override reaches the
+    terminal escaped, never as the control sequence; printable Unicode stays."""
+    path = tmp_path / "evil\x1b]0;title\x07.txt"
+    path.write_bytes(
+        "1 \x1b[2J\x1b[31mred\x08\x9b0m\r 1 0\n1 caf\u00e9\u202egnp 1 0\n".encode()
+    )
+    result = datafeed("preview", path, "--slots", "ids:uint64,label:int64:1", check_status=1)
+    out = result.stdout
+    assert not set(out) & {"\x1b", "\x07", "\x08", "\x9b", "\r", "\u202e"}, out
+    assert "== " + str(tmp_path) + "/evil\\x1b]0;title\\x07.txt (pipe: cat) ==" in out
+    assert "  ids    count   1: \\x1b[2J\\x1b[31mred\\x08\\x9b0m\n" in out
+    assert "  ids    count   1: caf\u00e9\\u202egnp\n" in out
+    failed = datafeed(
+        "preview", path, "--pipe", "printf '\\033[2Jboom' >&2; exit 3",
+        "--slots", "ids:uint64,label:int64:1", check_status=1,
+    )
+    assert "\x1b" not in failed.stderr and "\\x1b[2Jboom" in failed.stderr
+
+
 # -- check -------------------------------------------------------------------------------
 
 
@@ -246,6 +288,63 @@ def test_check_reports_a_failing_reader(tmp_path: Path, bad_file: Path):
     assert "reader failed: command" in result.stdout and "exited with status 3" in result.stdout
     assert "boom" in result.stdout
     assert "1 reader errors" in result.stdout
+
+
+def test_check_keeps_the_first_examples_and_counts_the_rest(bad_file: Path):
+    result = datafeed(
+        "check", bad_file, "--slots", "ids:uint64,label:int64:1", "--examples", 3,
+        check_status=1,
+    )
+    out = result.stdout.splitlines()
+    assert out[:3] == [
+        f"{bad_file}:3: slot 'label': expected an integer, found b'x'",
+        f"{bad_file}:6: expected a record, found a blank line",
+        f"{bad_file}:11: slot 'label': expected a value count of 1 (a dense slot of "
+        "shape (1,)), found b'2'",
+    ]
+    assert out[3] == "... and 9 more bad lines, counted by reason below (--examples N shows more)"
+    assert out[4].startswith(f"{bad_file}: 30 lines, 18 records, 12 bad (")
+    assert out[-1].startswith("FAILED: 1 files, 30 lines, 18 records, 12 bad lines")
+    report = json.loads(datafeed(
+        "check", bad_file, "--slots", "ids:uint64,label:int64:1", "--examples", 0, "--json",
+        check_status=1,
+    ).stdout)
+    assert (report["bad_lines"], report["bad_shown"], report["bad"]) == (12, 0, [])
+    assert sum(report["per_file"][0]["reasons"].values()) == 12
+
+
+def test_check_memory_stays_bounded_whatever_the_number_of_bad_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Each bad line kept in full costs hundreds of bytes: 20,000 of them must
+    not make the report grow (only the first examples are kept)."""
+    import tracemalloc
+
+    from datafeed.cli.commands import main
+
+    path = tmp_path / "all_bad.txt"
+    path.write_bytes(b"1 5 1 x\n" * 20_000)
+    tracemalloc.start()
+    try:
+        status = main(["check", str(path), "--slots", "ids:uint64,label:int64:1", "--json"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    report = json.loads(capsys.readouterr().out)
+    assert status == 1 and report["bad_lines"] == 20_000
+    assert peak < 1_500_000, f"{peak} bytes traced at the peak"
+    assert report["per_file"][0]["reasons"] == {"not_a_number": 20_000}
+    assert len(report["bad"]) == report["bad_shown"] == 100
+    assert report["bad"][-1]["line"] == 100
+
+
+def test_check_escapes_control_characters_of_a_failing_reader(bad_file: Path):
+    result = datafeed(
+        "check", bad_file, "--pipe", "printf '\\033]0;owned\\007' >&2; exit 3",
+        "--slots", "ids:uint64,label:int64:1", check_status=1,
+    )
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert "\\x1b]0;owned\\x07" in result.stdout
 
 
 # -- stats -------------------------------------------------------------------------------

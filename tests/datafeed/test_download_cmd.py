@@ -4,6 +4,7 @@ file, the path appended as one quoted argument, never through a shell's parsing.
 from __future__ import annotations
 
 import gzip
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -149,3 +150,23 @@ def test_cat_and_empty_mean_local_files(small_files):
         dataset.set_filelist(small_files)
         dataset.load_into_memory()
         assert dataset.stats().records == 15
+
+
+@pytest.mark.parametrize("pipe", ["cat", "cat | cat"])
+def test_a_file_name_that_is_not_utf8_reaches_the_command_as_the_os_gave_it(store, pipe):
+    """A name listed from disk may hold any bytes (Python gives ``\\udcff`` for
+    byte 0xff): the command gets the very bytes, and errors show the name."""
+    command, _, texts = store
+    root = Path(shlex.split(command)[2])
+    (root / os.fsdecode(b"day/part-\xff")).write_text(texts[0])
+    name = os.fsdecode(b"afs:/day/part-\xff")
+    dataset = InMemoryDataset()
+    dataset.init(use_var=SMALL_SCHEMA, pipe_command=pipe, download_cmd=command)
+    dataset.set_filelist([name])
+    dataset.load_into_memory()
+    assert dataset.stats().records == 4
+    missing = os.fsdecode(b"afs:/day/gone-\xfe")
+    dataset.set_filelist([missing])
+    with pytest.raises(ReaderError) as caught:
+        dataset.load_into_memory()
+    assert caught.value.path == missing and "exited with status 1" in str(caught.value)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow.fs as pafs
 import pytest
@@ -395,3 +396,68 @@ def test_a_sync_that_fails_leaves_the_older_file_and_no_temporary_file(
         fs.write_atomically(str(path), b"the new file")
     assert path.read_bytes() == b"the older file"
     assert _names(tmp_path) == ["last_checkpoint.json"]
+
+
+def test_file_uris_are_percent_decoded(tmp_path: Path):
+    """``file:///a%20b/c`` names ``/a b/c``, as RFC 8089 says; ``list_files`` quotes
+    the names it returns, so a ``%`` or ``#`` in a name survives the round trip."""
+    directory = tmp_path / "day one"
+    directory.mkdir()
+    paths = [_write(directory, name, first=3 * i, count=3)
+             for i, name in enumerate(["part 0%20.txt", "part#1?.txt"])]
+    uris = datafeed.list_files("file://" + quote(str(directory)), "part*")
+    assert uris == sorted("file://" + quote(p) for p in paths)
+    assert fs.exists(uris[0]) and fs.exists("file://localhost" + quote(paths[0]))
+    got, _ = _load(InMemoryDataset, uris)
+    want, _ = _load(InMemoryDataset, sorted(paths))
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    "suffix,says",
+    [
+        ("?version=2", "a query ('version=2'), which names nothing in a local file"),
+        ("#part", "a fragment ('part'), which names nothing in a local file"),
+    ],
+)
+def test_file_uris_with_a_query_or_a_fragment_are_refused(tmp_path: Path, suffix, says):
+    uri = "file://" + quote(_write(tmp_path, "part-0.txt", first=0, count=2)) + suffix
+    dataset = InMemoryDataset()
+    dataset.init(use_var=SMALL_SCHEMA)
+    with pytest.raises(SchemaError) as refused:
+        dataset.set_filelist([uri])
+    assert str(refused.value) == f"the file URI {uri!r} has {says}; expected file:///path"
+
+
+@pytest.mark.parametrize("host", ["otherhost", "user@localhost", "localhost:8000"])
+def test_file_uris_on_another_host_are_refused(tmp_path: Path, host: str):
+    uri = f"file://{host}" + quote(_write(tmp_path, "part-0.txt", first=0, count=2))
+    with pytest.raises(SchemaError) as refused:
+        fs.exists(uri)
+    assert str(refused.value) == (
+        f"the file URI {uri!r} names the host {host!r}; a file URI names a file of this "
+        "machine: expected file:///path or file://localhost/path"
+    )
+
+
+def test_a_file_uri_whose_name_is_not_utf8_is_a_clear_error(tmp_path: Path):
+    """pyarrow's filesystems take UTF-8 names only: the URI is refused with the
+    reason and the way out (rather than a UnicodeEncodeError)."""
+    uri = "file://" + quote(str(tmp_path)) + "/part-%FF.txt"
+    with pytest.raises(SchemaError) as refused:
+        fs.exists(uri)
+    assert str(refused.value) == (
+        f"the file URI {uri!r} names a file whose name is not UTF-8 (byte 0xff), which "
+        "pyarrow's filesystems cannot open; give its plain path instead"
+    )
+
+
+def test_a_local_file_whose_name_is_not_utf8_is_read_and_measured(tmp_path: Path):
+    path = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"part-\xff.txt"))
+    Path(path).write_text(small_line(0) + small_line(1))
+    assert fs.exists(path) and fs.stat(path).size == os.path.getsize(path)
+    assert fs.stat(path).path.endswith("part-\\udcff.txt")  # pyarrow's copy, escaped
+    got, stats = _load(InMemoryDataset, [path])
+    assert stats.records == 2
+    with pytest.raises(FileNotFoundError, match="no file at"):
+        fs.stat(path + "-gone")

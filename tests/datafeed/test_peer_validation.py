@@ -4,8 +4,9 @@ Rank 0 runs the real ``global_shuffle``; rank 1 is the attacker. It takes part
 in the collectives as an honest rank would, then hands the exchange layer a
 payload made by hand: garbage, a truncated stream, offsets that run backwards or
 past the values, other slots, lying counts and lengths, a compressed body, an
-absurd size. Rank 0 must refuse each with a GlobalShuffleError that names rank 1,
-and must not crash (before this, some of them ended it with SIGSEGV).
+absurd size, more records than any host could shuffle. Rank 0 must refuse each
+with a GlobalShuffleError that names rank 1, and must not crash (before this,
+some of them ended it with SIGSEGV, allocated 16 GiB, or raised a bare OSError).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
-from support import REPO, communicate_all, reserved_ports, small_line
+from support import REPO, SMALL_SCHEMA, communicate_all, reserved_ports, small_line
 
 # Each attack, and what rank 0's error must say about it.
 ATTACKS = {
@@ -38,6 +41,11 @@ ATTACKS = {
     "compressed_lz4": "a compressed record batch",
     "negative_count": "rank 1 announced -5 records",
     "huge_payload": "rank 1 announced a payload of 1099511627776 bytes",
+    # 2**31 records: their permutation alone is 16 GiB, allocated before any check.
+    "huge_count": "rank 1 announced 2147483648 records in 2000 bytes",
+    "huge_count_and_bytes": "rank 1 announced 2147483648 records of 60129542144 bytes",
+    "lying_batch_length": "an unreadable record batch (Array length did not match",
+    "lying_payload_size": "64 bytes after the end of the stream, expected none",
 }
 HONEST_RECORDS = 12
 SEED = 7
@@ -52,6 +60,7 @@ import torch.distributed as dist
 from support import SMALL_SCHEMA
 
 out, attacks = sys.argv[1], json.loads(sys.argv[3])
+HOST_MEMORY = 8 << 30  # rank 0's host, whatever the machine running the test
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
 SEED, ATTACKER_RECORDS = 7, 9
@@ -59,6 +68,8 @@ SEED, ATTACKER_RECORDS = 7, 9
 if rank == 0:
     from datafeed import InMemoryDataset
     from datafeed.config.errors import GlobalShuffleError
+    from datafeed.reorder import global_shuffle as gs
+    gs.memory_limit_bytes = lambda: HOST_MEMORY
     outcome = {}
     for attack in attacks:
         ds = InMemoryDataset()
@@ -150,6 +161,13 @@ def payload_for(attack, due):
         return stream(batch([due[0]] * len(due)))
     if attack == "records_for_another_rank":
         return stream(batch([p + 1 for p in due]))
+    if attack == "lying_batch_length":
+        # Only the batch's own length lies: Arrow's reader fails (an OSError).
+        whole = stream(honest)
+        start, end = header_span(whole)
+        at = bytes(whole).index(struct.pack("<q", len(due)), start, end)
+        whole[at : at + 8] = struct.pack("<q", len(due) + 1000)
+        return whole
     if attack == "lying_lengths":
         # Every length in the header (the batch's, each column's) grows past its buffers.
         whole = stream(honest)
@@ -173,15 +191,21 @@ def payload_for(attack, due):
     raise ValueError(attack)
 
 
+# What rank 1 announces in the first collective: records, seed, seed given,
+# bytes, by instance id. A record of SMALL_SCHEMA takes at least 28 bytes.
+ANNOUNCED = {
+    "negative_count": [-5, SEED, 1, 2000, 0],
+    "huge_count": [1 << 31, SEED, 1, 2000, 0],
+    "huge_count_and_bytes": [1 << 31, SEED, 1, 28 << 31, 0],
+}
 comm = TimedCollectives(dist, torch, None, 20.0, None)
 for attack in attacks:
     announced = torch.tensor(
-        [-5 if attack == "negative_count" else ATTACKER_RECORDS, SEED, 1, 2000, 0],
-        dtype=torch.int64,
+        ANNOUNCED.get(attack, [ATTACKER_RECORDS, SEED, 1, 2000, 0]), dtype=torch.int64
     )
     counts = [torch.empty(5, dtype=torch.int64) for _ in range(2)]
     dist.all_gather(counts, announced)
-    if attack == "negative_count":
+    if attack in ANNOUNCED:
         continue  # rank 0 gives up after the counts
     honest_records = int(counts[0][0])
     total = honest_records + ATTACKER_RECORDS
@@ -192,6 +216,16 @@ for attack in attacks:
         incoming = torch.empty(2, dtype=torch.int64)
         dist.all_to_all_single(incoming, torch.tensor([1 << 40, 0], dtype=torch.int64))
         continue  # rank 0 refuses the size and allocates nothing
+    if attack == "lying_payload_size":
+        # It announces 64 bytes more than it then sends: gloo fills what came.
+        payload = torch.from_numpy(np.frombuffer(stream(batch(due)), np.uint8))
+        incoming = torch.empty(2, dtype=torch.int64)
+        dist.all_to_all_single(incoming, torch.tensor([len(payload) + 64, 0]))
+        dist.all_to_all_single(
+            torch.empty(int(incoming.sum()), dtype=torch.uint8), payload,
+            output_split_sizes=incoming.tolist(), input_split_sizes=[len(payload), 0],
+        )
+        continue
     payload = np.frombuffer(bytes(payload_for(attack, due)), np.uint8)
     comm.exchange(payload, [len(payload), 0], f"attack {attack}")
 dist.destroy_process_group()
@@ -351,3 +385,119 @@ def test_the_attacker_header_patch_finds_the_lengths() -> None:
     end = start + struct.unpack_from("<i", payload, start - 4)[0]
     assert schema_length == schema_message.metadata.size
     assert payload[start:end] == batch_message.metadata.to_pybytes()
+
+
+# -- the checks, without a process group ------------------------------------------------
+
+
+def _table(*rows: list[int]) -> np.ndarray:
+    """What each rank announced: records, seed, seed given, bytes, by instance id."""
+    return np.array(rows, dtype=np.int64)
+
+
+HONEST = [12, SEED, 1, 12 * 40, 0]
+
+
+@pytest.mark.parametrize(
+    "attacker, says",
+    [
+        ([1 << 31, SEED, 1, 2000, 0],
+         "rank 1 announced 2147483648 records in 2000 bytes; records of these slots take "
+         "at least 28 bytes each (60129542144 bytes)"),
+        ([1 << 31, SEED, 1, 28 << 31, 0],
+         "rank 1 announced 2147483648 records of 60129542144 bytes; shuffling the 2147483660 "
+         "records of all ranks takes at least 47244640592 bytes on this rank (8 bytes per "
+         "record for the permutation, and this rank's share of the records' bytes), more "
+         "than the 8589934592 bytes of memory of this host"),
+        ([3, SEED, 1, 1 << 62, 0], "rank 1 announced 3 records of 4611686018427387904 bytes"),
+    ],
+)
+def test_announcements_are_bounded_before_anything_is_allocated(attacker, says) -> None:
+    from datafeed.config.errors import GlobalShuffleError
+    from datafeed.config.slots import SlotSchema
+    from datafeed.reorder import global_shuffle as gs
+
+    schema = SlotSchema(SMALL_SCHEMA)
+    gs._check_announced(_table(HONEST, HONEST), 0, schema, 8 << 30)  # an honest job passes
+    with pytest.raises(GlobalShuffleError) as refused:
+        gs._check_announced(_table(HONEST, attacker), 0, schema, 8 << 30)
+    assert refused.value.peers == (1,)
+    assert str(refused.value).startswith(f"rank 0: global_shuffle: {says}"), refused.value
+
+
+def test_a_peer_sends_no_more_bytes_over_all_rounds_than_it_announced() -> None:
+    """Each round's limit is what the peer has left of the bytes it announced
+    (plus the framing of that round's records), not its whole announcement again."""
+    from datafeed.reorder import global_shuffle as gs
+
+    allowance = gs.PeerAllowance(slots=4, announced=[0, 1000])
+    framing = gs.PeerAllowance(slots=4, announced=[0, 0]).limit(1, 10)
+    assert allowance.limit(0, 0) == 0 and allowance.limit(1, 0) == 0
+    assert allowance.limit(1, 10) == 1000 + framing
+    allowance.received(1, 10, 700 + framing)  # 700 bytes of records in round 1
+    assert allowance.limit(1, 10) == 300 + framing
+    allowance.received(1, 10, 100)  # less than the framing allows: no record bytes used
+    assert allowance.limit(1, 10) == 300 + framing
+
+
+def _honest_payload(due: list[int]) -> bytearray:
+    from datafeed.config.slots import SlotSchema
+    from datafeed.parse.parsing import parse_bytes
+    from datafeed.reorder import global_shuffle as gs
+
+    schema = SlotSchema(SMALL_SCHEMA)
+    text = "".join(small_line(i) for i in range(len(due))).encode()
+    batch = gs._wire_batch(schema, parse_bytes(schema, text), np.asarray(due, np.int64))
+    sink = pa.BufferOutputStream()
+    gs._write_stream(sink, batch)
+    return bytearray(sink.getvalue().to_pybytes())
+
+
+def test_every_lying_length_in_a_payload_is_refused_naming_the_peer() -> None:
+    """Every 4-byte word of an honest payload (message lengths, buffer offsets
+    and lengths, node lengths) replaced by a lie: each result is accepted or a
+    GlobalShuffleError naming the sender, never another error (before, dozens
+    were a bare OSError from Arrow's reader)."""
+    from datafeed.config.errors import GlobalShuffleError
+    from datafeed.config.slots import SlotSchema
+    from datafeed.reorder import global_shuffle as gs
+
+    schema = SlotSchema(SMALL_SCHEMA)
+    due = [0, 2, 6, 8, 10, 14]
+    honest = _honest_payload(due)
+    others = []
+    for at in range(0, len(honest) - 3, 4):
+        for lie in (-1, 7, 1 << 30, 0x7FFFFFFF, len(honest)):
+            payload = bytearray(honest)
+            struct.pack_into("<i", payload, at, lie)
+            try:
+                gs._decode(schema, np.frombuffer(bytes(payload), np.uint8), 1, 0, 2,
+                           np.asarray(due, np.int64))
+            except GlobalShuffleError as error:
+                assert error.peers == (1,) and "from rank 1 is refused" in str(error)
+            except Exception as error:  # noqa: BLE001 - any other kind is the failure
+                others.append(f"word {at}: {lie}: {type(error).__name__}: {error}")
+    assert not others, "\n".join(others[:10])
+
+
+def test_bytes_after_the_end_of_a_payload_are_refused() -> None:
+    """A peer that announces more bytes than its stream leaves the rest of the
+    receive buffer unwritten: never taken as part of an accepted payload."""
+    from datafeed.config.errors import GlobalShuffleError
+    from datafeed.config.slots import SlotSchema
+    from datafeed.reorder import global_shuffle as gs
+
+    due = np.asarray([0, 2, 6], np.int64)
+    payload = _honest_payload(due.tolist()) + bytes(64)
+    with pytest.raises(GlobalShuffleError, match="64 bytes after the end of the stream"):
+        gs._decode(SlotSchema(SMALL_SCHEMA), np.frombuffer(bytes(payload), np.uint8),
+                   1, 0, 2, due)
+
+
+def test_the_memory_limit_is_this_machines_or_less() -> None:
+    import os
+
+    from datafeed.records.memory import memory_limit_bytes
+
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < memory_limit_bytes() <= physical
