@@ -58,6 +58,12 @@ EXTENSIONS = [
         extra_compile_args=COMPILE_ARGS,
     ),
     Extension(
+        "trainer.loop._shared_counts",
+        ["trainer/loop/_shared_counts.pyx"],
+        define_macros=MACROS,
+        extra_compile_args=COMPILE_ARGS,
+    ),
+    Extension(
         "generators._shortest_float",
         ["generators/_shortest_float.pyx"],
         define_macros=MACROS,

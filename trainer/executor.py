@@ -17,9 +17,11 @@ itself. On an ``InMemoryDataset`` the trainers are processes sharing memory
 torch's ops); elsewhere, and where processes cannot serve, threads. That needs
 an optimizer whose update can run so: ``SGD``, ``Adagrad``, ``Adam`` or ``AdamW``, plain or through
 ``fleet.distributed_optimizer`` in local mode; any other optimizer, and the
-parameter-server modes (async, sync, GEO), step one at a time instead (logged
-once as a warning). Hogwild is opt-in because it cost accuracy on
-examples/mlp_local (see ``train_from_dataset``).
+parameter-server modes (async, sync, GEO), step one at a time instead (a
+warning at every call, and ``RunSummary.hogwild_fallback``). Hogwild is opt-in
+because it cost accuracy on examples/mlp_local (see ``train_from_dataset``):
+a model with a large dense embedding table gets a warning at every call, and
+``RunSummary.hogwild_warning``.
 
 Every ``print_period`` batches it prints Paddle's line to stdout:
 ``time: [2024-01-01 12:00:00], batch: [100], loss[1]:[0.693]``.
@@ -50,7 +52,7 @@ from . import fleet
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
 from .loop import hogwild_processes
 from .loop.run_summary import RunSummary, input_stats, log_summary
-from .loop.train_loop import DatasetPass, debug_line, hogwild_step, log_once
+from .loop.train_loop import DatasetPass, debug_line, log_once
 
 __all__ = ["Executor", "FetchHandler", "RunSummary"]
 
@@ -109,7 +111,9 @@ class Executor:
                 small model (docs/training_speed.md); ``RunSummary.hogwild``
                 says which ran. Opt-in: on examples/mlp_local (a dense
                 100k-row EmbeddingBag, Adam) two Hogwild threads reached
-                held-out AUC 0.83-0.87 against 0.89 with one step at a time.
+                held-out AUC 0.83-0.87 against 0.89 with one step at a time,
+                as every trainer rewrites the whole table at each step; such
+                a table gets a warning (``RunSummary.hogwild_warning``).
             debug: also print per-phase timings and records/s (to stderr).
             fetch_list: names (or objects with a ``name``) of outputs to print
                 every ``print_period`` batches; default ``["loss"]`` (in
@@ -260,7 +264,7 @@ class Executor:
         run.keep_latest = periodic
         processes, process_setup = 0, None
         if train and threads > 1 and hogwild:
-            run.hogwild = hogwild_step(optimizer)
+            run.start_hogwild(optimizer)
             if run.hogwild is not None:
                 reason, process_setup = hogwild_processes.prepare(
                     run, dataset, run.hogwild, threads

@@ -124,11 +124,10 @@ def test_processes_train_to_the_auc_of_one_thread_and_share_everything(ctr_files
             np.concatenate(ids)).astype(np.uint64))["show"])
     assert results[1][0] > 0.8, results
     assert abs(results[2][0] - results[1][0]) < 0.01, results
-    # Each row was shown once per batch holding it, in both (racing
-    # increments of one row by two processes may lose a few counts).
+    # Each row was shown once per batch holding it, in both: the processes'
+    # counts are atomic adds, none lost where two meet on a row.
     shows_1, shows_2 = results[1][1], results[2][1]
-    assert shows_2.sum() <= shows_1.sum()
-    assert shows_2.sum() > 0.98 * shows_1.sum()
+    assert shows_2.tolist() == shows_1.tolist()
     hogwild_processes.close_workers()
     assert child_pids() == []
 
@@ -297,9 +296,8 @@ def test_a_dense_model_with_adam_trains_in_processes(ctr_files):
         losses.append(summary.mean_loss)
     assert losses[2] < losses[0] - 0.01, losses
     steps = [float(state["step"]) for state in optimizer.state.values()]
-    # Both processes counted their steps in the shared state (racing increments
-    # may lose a few).
-    assert all(170 <= step <= 180 for step in steps), steps
+    # Both processes counted their steps in the shared state, every one of them.
+    assert steps == [180.0] * len(steps)
 
 
 def test_trainers_run_torchs_ops_on_one_thread_each(ctr_files):

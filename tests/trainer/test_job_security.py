@@ -361,7 +361,7 @@ def test_a_key_holders_push_that_would_corrupt_the_model_is_refused(installed_se
     rows_before = handlers.pull_tables(["ps_emb"], ids, True)[0].clone()
     nan = torch.full((2, 8), float("nan"))
     bad_pushes = [
-        ({}, {-1: torch.zeros(8)}, r"expected dense indices among this server's \[0, 1\], found -1"),
+        ({}, {-1: torch.zeros(8)}, r"expected dense indices among .* \[0, 1\], found -1"),
         ({}, {7: torch.zeros(8)}, r"found 7"),
         ({}, {True: torch.zeros(8)}, r"found True"),
         ({}, {0: torch.zeros(3)}, r"dense parameter 0 has 8 values, found 3"),

@@ -13,7 +13,9 @@ term by term, so the parameters come out bit for bit as ``step()``'s.
 Two users:
 
 * a Hogwild trainer thread (``trainer.loop.hogwild``) applies the gradients it took
-  itself, without a lock, while other threads do the same;
+  itself, without a lock, while other threads do the same; the step counters
+  (Adam's, Adagrad's) go up by atomic adds (``_shared_counts``), so that no
+  trainer's step is lost from them;
 * the one-thread step of local and GEO modes (``step_from_grads``) applies the
   parameters' ``.grad``, as ``optimizer.step()`` would, unless something
   expects ``step()`` itself to run (hooks, an instance-level ``step``): then it
@@ -36,6 +38,7 @@ import torch
 from torch.optim import optimizer as torch_optimizer_module
 
 from . import step_clock
+from ._shared_counts import count_steps
 
 __all__ = [
     "SUPPORTED_OPTIMIZERS", "DenseUpdate", "clear_grads", "step_from_grads", "unsupported_reason"
@@ -204,9 +207,8 @@ class DenseUpdate:
         self, params: TensorList, grads: TensorList, group: dict[str, Any],
         states: list[dict[str, Any]],
     ) -> None:
-        steps = [s["step"] for s in states]
+        counts = count_steps([s["step"] for s in states])
         sums = [s["sum"] for s in states]
-        torch._foreach_add_(steps, 1)
         if group.get("maximize"):
             grads = torch._foreach_neg(grads)
         if group["weight_decay"] != 0:
@@ -218,7 +220,7 @@ class DenseUpdate:
         if lr_decay == 0:
             torch._foreach_addcdiv_(params, grads, std, value=-(lr / 1))
         else:
-            scales = [-(lr / (1 + (s.item() - 1) * lr_decay)) for s in steps]
+            scales = [-(lr / (1 + (n - 1) * lr_decay)) for n in counts]
             torch._foreach_addcdiv_(params, grads, std, scales)
 
     def _adam(
@@ -235,12 +237,13 @@ class DenseUpdate:
                         _init_adam(param, group, state)
         beta1, beta2 = (_float(b) for b in group["betas"])
         lr, weight_decay = _float(group["lr"]), group["weight_decay"]
-        steps = [s["step"] for s in states]
         exp_avgs = [s["exp_avg"] for s in states]
         exp_avg_sqs = [s["exp_avg_sq"] for s in states]
         if group.get("maximize"):
             grads = torch._foreach_neg(grads)
-        torch._foreach_add_(steps, 1)
+        # This trainer's step numbers: its bias correction uses the count its
+        # own add made, as one trainer's would (others may add meanwhile).
+        counts = count_steps([s["step"] for s in states])
         if weight_decay != 0:
             if self.kind == "adamw" or group.get("decoupled_weight_decay"):
                 torch._foreach_mul_(params, 1 - lr * weight_decay)
@@ -249,7 +252,6 @@ class DenseUpdate:
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-        counts = [s.item() for s in steps]
         step_sizes = [-(lr / (1 - beta1**n)) for n in counts]
         bias_correction2_sqrt = [(1 - beta2**n) ** 0.5 for n in counts]
         if group.get("amsgrad"):

@@ -184,7 +184,7 @@ def run_processes(run: Any, dataset: Any, count: int, setup: ProcessPassSetup) -
     try:
         pool.start_pass(message, records.fd, run.stop)
         with contextlib.suppress(PassStopped), _one_torch_thread_for_the_pass():
-            run.work(TakenBatches(plan, pool.counter, pool.lock), main_thread=False)
+            run.work(TakenBatches(plan, pool.counter), main_thread=False)
         results = pool.results()  # a process's failure (it stopped this loop) raised here
     except BaseException:
         close_workers(kill=True)

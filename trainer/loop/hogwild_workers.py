@@ -46,6 +46,7 @@ from datafeed.records.shared_records import attach_store
 
 from ..job.errors import TrainerProcessError
 from ..ps.tables.shared_rows import SharedRowAdder, pull_ticks, set_pull_ticks, shared_array
+from ._shared_counts import take_number
 from .train_loop import DatasetPass, PassStopped
 
 __all__ = ["TakenBatches", "WorkerPool"]
@@ -57,18 +58,18 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class TakenBatches:
-    """The batches a process takes: the next number from the shared counter."""
+    """The batches a process takes: the next number from the shared counter
+    (an atomic add: each batch goes to one process, and no lock is left taken
+    by a process killed while taking one)."""
 
-    def __init__(self, plan: Any, counter: np.ndarray, lock: Any) -> None:
-        self._plan, self._counter, self._lock = plan, counter, lock
+    def __init__(self, plan: Any, counter: np.ndarray) -> None:
+        self._plan, self._counter = plan, counter
 
     def __iter__(self) -> TakenBatches:
         return self
 
     def __next__(self) -> Any:
-        with self._lock:
-            number = int(self._counter[0])
-            self._counter[0] = number + 1
+        number = take_number(self._counter)
         if number >= len(self._plan):
             raise StopIteration
         return self._plan.build(number)
@@ -84,7 +85,6 @@ class WorkerPool:
         self.count, self.schema, self.model_identity = count, schema, model_identity
         self.adders = {name: SharedRowAdder(table) for name, table in tables.items()}
         self.counter = shared_array((1,), np.int64)  # the next batch number
-        self.lock = get_context("fork").Lock()
         self.processes: dict[int, tuple[int, connection.Connection]] = {}
         self._collector: _ResultCollector | None = None
         self._attached = False  # this process adds rows through the adders
@@ -347,7 +347,7 @@ def _train_pass(message, fd, template, tables, pool, schema) -> dict:
         sys.maxsize, message["debug"], None, True,  # process 0 prints
     )
     run.hogwild, run.default_fetch = template.hogwild, message["default_fetch"]
-    run.work(TakenBatches(plan, pool.counter, pool.lock), main_thread=False)
+    run.work(TakenBatches(plan, pool.counter), main_thread=False)
     return {
         "batches": run.batches, "records": run.records, "loss_sum": run.loss_sum,
         "loss_batches": run.loss_batches, "timings": run.timings,

@@ -10,6 +10,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from datafeed.datasets.dataset_base import DatasetBase
+
 __all__ = ["RunSummary", "input_stats", "log_summary"]
 
 logger = logging.getLogger("trainer.executor")
@@ -40,6 +42,15 @@ class RunSummary:
         hogwild: how Hogwild trainers ran (``hogwild=True``, ``thread`` > 1):
             ``"processes"`` (forked, trainer/loop/hogwild_processes.py) or
             ``"threads"``; None otherwise.
+        hogwild_fallback: why the trainers stepped one at a time although
+            ``hogwild=True`` asked for Hogwild (an optimizer the lock-free
+            update does not implement, a parameter-server mode); None otherwise.
+            Logged as a warning at every call.
+        hogwild_warning: what Hogwild trainers cost this model, and the fix:
+            its dense embedding tables that every trainer rewrites whole at
+            each step, overwriting the others' updates
+            (``trainer.loop.hogwild.collision_warning``); None otherwise.
+            Logged as a warning at every call.
     """
 
     batches: int
@@ -51,6 +62,8 @@ class RunSummary:
     last_fetch: dict[str, list[float]] = field(default_factory=dict)
     input: Any = None
     hogwild: str | None = None
+    hogwild_fallback: str | None = None
+    hogwild_warning: str | None = None
 
     @property
     def records_per_second(self) -> float:
@@ -59,14 +72,12 @@ class RunSummary:
 
 
 def input_stats(dataset: Any) -> Any:
-    """The dataset's load accounting (``stats()``), or None for a plain iterable."""
-    stats = getattr(dataset, "stats", None)
-    if not callable(stats):
-        return None
-    try:
-        return stats()
-    except Exception:  # noqa: BLE001 - an iterable's own stats() of another meaning
-        return None
+    """A dataset's load accounting (``stats()``, whose errors are raised), or
+    None for another iterable: its ``stats``, if it has one, may mean
+    anything, take arguments or fail."""
+    if isinstance(dataset, DatasetBase):
+        return dataset.stats()
+    return None
 
 
 def log_summary(what: str, summary: RunSummary) -> None:

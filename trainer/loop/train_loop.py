@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from .dense_update import clear_grads, step_from_grads
-from .hogwild import HogwildStep
+from .hogwild import HogwildStep, collision_warning
 from .run_summary import RunSummary
 from .step_clock import thread_totals
 
-__all__ = ["DatasetPass", "debug_line", "hogwild_step", "join_context", "log_once"]
+__all__ = ["DatasetPass", "debug_line", "join_context", "log_once"]
 
 # The executor's logger: the messages are about its calls.
 logger = logging.getLogger("trainer.executor")
@@ -82,9 +82,29 @@ class DatasetPass:
         self.last_fetch: dict[str, list[float]] = {}
         self.started = time.perf_counter()
         self.hogwild: HogwildStep | None = None  # None: steps under step_lock
+        # Why hogwild=True ran steps one at a time (start_hogwild), and what
+        # Hogwild trainers cost this model: both reported in the RunSummary.
+        self.hogwild_fallback: str | None = None
+        self.hogwild_warning: str | None = None
         # For a FetchHandler's monitor thread: the last batch and its outputs.
         self.keep_latest = False
         self.latest: tuple[Mapping[str, Any], Any] = ({}, None)
+
+    def start_hogwild(self, optimizer: Any) -> None:
+        """Makes the trainers Hogwild (``hogwild``) where ``optimizer`` allows;
+        else they step one at a time and ``hogwild_fallback`` says why. Logged
+        at every call, as is ``hogwild_warning`` (the model's dense tables that
+        Hogwild trainers overwrite): each call may bring another optimizer or
+        model, and a reason logged once would leave later calls silent."""
+        try:
+            self.hogwild = HogwildStep(optimizer)
+        except ValueError as error:
+            self.hogwild_fallback = f"{error}: training threads step one at a time"
+            logger.warning(self.hogwild_fallback)
+            return
+        self.hogwild_warning = collision_warning(self.model, self.hogwild.params)
+        if self.hogwild_warning is not None:
+            logger.warning(self.hogwild_warning)
 
     def current_value(self, name: str) -> Any:
         """The last batch's output ``name``, else its slot ``name``, else None."""
@@ -261,6 +281,7 @@ class DatasetPass:
         return RunSummary(
             self.batches, self.records, mean_loss, seconds, threads,
             dict(self.timings), dict(self.last_fetch),
+            hogwild_fallback=self.hogwild_fallback, hogwild_warning=self.hogwild_warning,
         )
 
 
@@ -271,21 +292,12 @@ _logged_once: set[str] = set()
 
 
 def log_once(level: int, message: str) -> None:
-    """Logs ``message`` at ``level`` the first time it comes (a fallback's
-    reason, which would otherwise repeat at every pass)."""
+    """Logs ``message`` at ``level`` the first time it comes (why Hogwild
+    trainers are threads rather than processes, which would otherwise repeat
+    at every pass; ``RunSummary.hogwild`` says which ran)."""
     if message not in _logged_once:
         _logged_once.add(message)
         logger.log(level, message)
-
-
-def hogwild_step(optimizer: Any) -> HogwildStep | None:
-    """The Hogwild step for ``optimizer``; None (and a warning, once per reason)
-    where its threads must step one at a time."""
-    try:
-        return HogwildStep(optimizer)
-    except ValueError as error:
-        log_once(logging.WARNING, f"{error}: training threads step one at a time")
-    return None
 
 
 def _check_outputs(outputs: Any, need_loss: bool) -> Mapping[str, torch.Tensor]:

@@ -17,6 +17,8 @@
   pull writes one cache line per row rather than one in each of three
   arrays; the loops that already touch a row (``pull_rows``, the optimizer
   steps) update its record, and ``touch_rows`` does it for rows just created.
+  Counts go up by atomic adds (below), as do Adam's per-row step counts
+  (``count_row_steps``), exact when Hogwild processes share a table.
 
 Rows are removed by a rebuild (``IdIndex.rebuild``), not by tombstones: a table
 drops rows in bulk (``shrink``, or a budget's eviction of a sixteenth of its
@@ -50,6 +52,35 @@ cdef extern from *:
     """
     void FF_STORE_RELEASE(int64_t* address, int64_t value) noexcept nogil
     int64_t FF_LOAD_ACQUIRE(const int64_t* address) noexcept nogil
+
+# Per-row counts (show, click, Adam's step count) go up by atomic adds: Hogwild
+# processes pull and push the same rows at once, each under a table lock of its
+# own, and a plain "show += 1" (load, add, store) lost counts wherever two met
+# on a row (2.97M of 32M shows of 4 rows pulled by 4 processes at once; 7-40%
+# of a pass's row step counts, which were copied out and written back). An
+# atomic add is exact, waits for no lock (none is left taken by a killed
+# process), and costs one compare-and-swap, about 4 ns a row (a pull of 768
+# ids of a 5,000-row table: 14.4 us against 11.4 us). Per-process counts summed
+# after the pass would need a copy of the counts per process, merged before a
+# shrink or a save, and would leave Adam's bias correction without the row's
+# true step number during the pass. ``last`` and ``changed`` are set, not
+# counted: relaxed atomic stores (plain moves) only keep those writes defined.
+cdef extern from *:
+    """
+    static inline float ff_atomic_add_float(float* address, float amount) {
+        float seen, sum;
+        __atomic_load(address, &seen, __ATOMIC_RELAXED);
+        do {
+            sum = seen + amount;
+        } while (!__atomic_compare_exchange(address, &seen, &sum, 1,
+                                            __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+        return sum;
+    }
+    #define FF_STORE_RELAXED(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+    """
+    float ff_atomic_add_float(float* address, float amount) noexcept nogil
+    void FF_STORE_RELAXED_U32 "FF_STORE_RELAXED"(uint32_t* address, uint32_t value) noexcept nogil
+    void FF_STORE_RELAXED_U8 "FF_STORE_RELAXED"(uint8_t* address, uint8_t value) noexcept nogil
 
 # One row's statistics. Aligned: 13 bytes of fields padded to 16, so that no
 # record straddles two cache lines.
@@ -382,7 +413,6 @@ cdef Py_ssize_t _pull(IdIndex index, const uint64_t* keys, Py_ssize_t n, float[:
     cdef Py_ssize_t i, dim = weights.shape[1]
     cdef int64_t row
     cdef Py_ssize_t missing = 0
-    cdef RowStat* record
     # Two passes, so that the second knows the rows ahead and prefetches them
     # (each row and record is a cache miss of its own).
     for i in range(n):
@@ -406,11 +436,15 @@ cdef Py_ssize_t _pull(IdIndex index, const uint64_t* keys, Py_ssize_t n, float[:
             if copy_to != NULL:
                 memcpy(copy_to + i * dim, &weights[row, 0], dim * sizeof(float))
             if stats != NULL:
-                record = stats + row
-                record.show += 1
-                record.last = tick
-                record.changed = 1
+                _count_pull(stats + row, tick)
     return missing
+
+
+cdef inline void _count_pull(RowStat* record, uint32_t tick) noexcept nogil:
+    """A training pull counted in a row's record (atomically: see the top)."""
+    ff_atomic_add_float(&record.show, 1.0)
+    FF_STORE_RELAXED_U32(&record.last, tick)
+    FF_STORE_RELAXED_U8(&record.changed, 1)
 
 
 def touch_rows(records, int64_t[::1] rows, uint32_t tick):
@@ -422,14 +456,10 @@ def touch_rows(records, int64_t[::1] rows, uint32_t tick):
     cdef RowStat* stats = _records(records, raw)
     _check_record_rows(records, rows, True)
     cdef Py_ssize_t i
-    cdef RowStat* record
     with nogil:
         for i in range(rows.shape[0]):
             if rows[i] >= 0:
-                record = stats + rows[i]
-                record.show += 1
-                record.last = tick
-                record.changed = 1
+                _count_pull(stats + rows[i], tick)
 
 
 def add_clicks_rows(records, int64_t[::1] rows, float[::1] clicks):
@@ -445,8 +475,25 @@ def add_clicks_rows(records, int64_t[::1] rows, float[::1] clicks):
     with nogil:
         for i in range(rows.shape[0]):
             if rows[i] >= 0:
-                stats[rows[i]].click += clicks[i]
-                stats[rows[i]].changed = 1
+                ff_atomic_add_float(&stats[rows[i]].click, clicks[i])
+                FF_STORE_RELAXED_U8(&stats[rows[i]].changed, 1)
+
+
+def count_row_steps(float[::1] steps, int64_t[::1] rows):
+    """Adds 1 to the step count of each of ``rows`` in ``steps`` (a table's
+    per-row Adam step counts, float32), in place and atomically (see the
+    top: Hogwild processes push the same rows at once); returns the count
+    each add made, the step number of this update of each row (float32)."""
+    cdef Py_ssize_t i, n = rows.shape[0]
+    for i in range(n):
+        if rows[i] < 0 or rows[i] >= steps.shape[0]:
+            raise IndexError(f"row {rows[i]} outside the table's {steps.shape[0]} step counts")
+    out_array = np.empty(n, dtype=np.float32)
+    cdef float[::1] out = out_array
+    with nogil:
+        for i in range(n):
+            out[i] = ff_atomic_add_float(&steps[rows[i]], 1.0)
+    return out_array
 
 
 cdef _check_record_rows(records, int64_t[::1] rows, bint absent_allowed):

@@ -127,7 +127,9 @@ class OptimizerSpec:
     # -- update -------------------------------------------------------------
 
     def apply(self, weights: np.ndarray, grads: np.ndarray, state: dict[str, np.ndarray]) -> None:
-        """Updates ``weights`` [n, dim] and ``state`` in place with ``grads``."""
+        """Updates ``weights`` [n, dim] and ``state`` in place with ``grads``;
+        Adam's ``state["step"]`` is each row's step number of this update,
+        counted already (the table counts it in place: table.py)."""
         param = torch.from_numpy(weights)
         grad = torch.from_numpy(grads)
         h = self.hyper
@@ -149,7 +151,6 @@ class OptimizerSpec:
             exp_avg = torch.from_numpy(state["exp_avg"])
             exp_avg_sq = torch.from_numpy(state["exp_avg_sq"])
             step = torch.from_numpy(state["step"])
-            step.add_(1)
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             steps = step.double().unsqueeze(1)

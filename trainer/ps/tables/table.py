@@ -42,7 +42,7 @@ import torch
 
 from ...job.errors import CheckpointError
 from ._row_updates import adagrad_rows, sgd_rows
-from ._rows import IdIndex, pull_rows
+from ._rows import IdIndex, count_row_steps, pull_rows
 from .entries import CtrAccessorParam, EntryAttr
 from .ids import as_u64, init_rows, mix64, shard_of, table_seed
 from .optim import OptimizerSpec
@@ -404,11 +404,16 @@ class SparseTable:
             return
         self._stats.changed[rows] = 1
         weights = self._weights[rows]
-        state = {key: array[rows] for key, array in self._state.items()}
+        state = {key: array[rows] for key, array in self._state.items() if key != "step"}
+        # Adam's step counts go up in place, atomically (Hogwild processes
+        # push the same rows at once): a count copied out and written back
+        # with the rows lost the steps of one process where two met.
+        state["step"] = count_row_steps(self._state["step"], rows)
         self.optimizer.apply(weights, grad, state)
         self._weights[rows] = weights
         for key, value in state.items():
-            self._state[key][rows] = value
+            if key != "step":
+                self._state[key][rows] = value
 
     @property
     def _fixed(self) -> bool:
