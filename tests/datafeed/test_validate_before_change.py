@@ -384,7 +384,8 @@ def _attack(case: str, ckpt: Path, prefix: str) -> str:
         return r"wide.shard0.arrow: expected the columns id: uint64 not null, .* found id: double"
     if case == "sparse-dim-str":
         _edit_arrow(wide, metadata={"dim": "x"})
-        return r"wide.shard0.arrow: metadata 'dim': expected an int >= 0, found 'x'"
+        return (r"wide.shard0.arrow: metadata 'dim': expected an int >= 0 \(below 10\*\*18\), "
+                r"found 'x'")
     if case == "sparse-weights-wrong-dim":
         _edit_arrow(emb, metadata={"dim": "3"})
         return r"emb.shard0.arrow: table .*: expected rows of dim 4 .* found dim 3"

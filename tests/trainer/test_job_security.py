@@ -444,7 +444,7 @@ def test_a_fifo_or_a_huge_dim_as_a_table_file_is_refused(saved_checkpoint):
         directory.load_file(str(fifo))
     rows = saved_checkpoint / "sparse.ps_emb.shard0.arrow"
     reader = pa.ipc.open_file(pa.memory_map(str(rows)))
-    for dim, message in (("9" * 30, r"expected an int in \[0, 10\*\*18\)"),
+    for dim, message in (("9" * 30, r"expected an int >= 0 \(below 10\*\*18\)"),
                          (str(2**40), r"expected at most 1048576")):
         wide = saved_checkpoint / "wide.arrow"
         metadata = {**reader.schema.metadata, b"dim": dim.encode()}
@@ -483,3 +483,14 @@ def test_mutated_table_files_are_refused_with_a_checkpoint_error(saved_checkpoin
         except CheckpointError:
             outcomes["refused"] += 1
     assert outcomes["refused"] > 250, outcomes
+
+
+def test_worker_done_after_the_last_worker_holds_nothing(installed_server):
+    """Once every worker stopped, each further worker_done completes at once
+    and keeps no future (100k of them grew a server by 163 MiB before)."""
+    server = installed_server
+    assert not handlers.worker_done(0).done()
+    assert handlers.worker_done(1).done() and server.all_done.is_set()
+    for _ in range(1000):
+        assert handlers.worker_done(1).result(timeout=1) is None
+    assert server._stopped == []

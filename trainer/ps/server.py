@@ -294,7 +294,11 @@ class ParameterServer:
             self._stopped.append(future)
             ready = self._take_round_if_complete()
             barrier = self._take_barrier_if_complete()
-            stopped = [] if self._active else self._stopped
+            # Taken once every worker is done: a later call (a worker that
+            # stops twice, or a hostile one) completes at once and holds nothing.
+            stopped: list[Future] = []
+            if not self._active:
+                stopped, self._stopped = self._stopped, []
         if ready:
             self._apply_round(ready)
         for waiting in barrier:

@@ -22,6 +22,18 @@ future (a synchronous round, a barrier) holds no thread while it waits.
 Every call a worker makes has a timeout; a call that a server does not answer
 (unreachable, dead, hung), or whose connection drops, becomes
 ``ServerUnavailableError`` naming the server's endpoint.
+
+What a peer can make a server hold, and for how long (SECURITY.md has the
+figures): ZeroMQ takes no frame over ``MAX_FRAME_BYTES`` (wire's frame plus
+CURVE's box), handshake frames included, and drops the connection of a peer
+that announces one; a connection that has not completed its handshake within
+``HANDSHAKE_DEADLINE_S`` is closed; a server raises its open-file limit to the
+hard limit, so that idle connections do not lock workers out. ZeroMQ offers no
+cap on the number of connections (per address or unauthenticated), so these
+bound each one's cost and lifetime instead. A message from an authenticated
+peer that does not decode, or whose handler fails, is answered with an error
+(or dropped when its id is unreadable); nothing it holds stops the server's
+I/O thread. Refusals are logged at most once per 10 s, with a count.
 """
 
 from __future__ import annotations
@@ -53,8 +65,17 @@ DEFAULT_CALL_TIMEOUT = 30.0
 # Seconds a job waits for its slowest member: a synchronous round, a barrier,
 # the other workers at stop_worker (FLEETFEED_PS_START_TIMEOUT overrides).
 DEFAULT_START_TIMEOUT = 300.0
-# Bytes: the largest message a peer may send (bounds what a bad peer costs).
-MAX_MESSAGE_BYTES = 1 << 31
+# Bytes ZeroMQ takes in one frame, before any check of ours and before the
+# handshake (its frames are held whole too): a wire frame plus the 33 bytes of
+# a CURVE MESSAGE command around it (RFC 26), rounded up. A peer that announces
+# more is disconnected at once.
+MAX_FRAME_BYTES = wire.MAX_FRAME_BYTES + 64
+# Seconds a connection may take from TCP accept to a completed handshake
+# (greeting, CURVE, ZAP) before the server closes it: how long an outsider's
+# connection lives. Ample for a worker: the handshake is two round trips.
+HANDSHAKE_DEADLINE_S = 5.0
+# Characters of a handler's error message sent back (bounds the reply header).
+MAX_ERROR_CHARS = 4000
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _POLL_MS = 100
 _HANDSHAKE_FAILURES = (
@@ -143,7 +164,7 @@ class _RefusalLog:
         self._since = 0
         self._lock = threading.Lock()
 
-    def warn(self, message: str, *args: Any) -> None:
+    def warn(self, message: str, *args: Any, exc_info: bool = False) -> None:
         now = time.monotonic()
         with self._lock:
             if now - self._last < self._every:
@@ -151,8 +172,8 @@ class _RefusalLog:
                 return
             since, self._since, self._last = self._since, 0, now
         if since:
-            message += f" ({since} more refused since the last report)"
-        log.warning(message, *args)
+            message += f" ({since} more since the last report)"
+        log.warning(message, *args, exc_info=exc_info)
 
 
 # -- keys ---------------------------------------------------------------------------
@@ -205,23 +226,29 @@ class _Authenticator:
                 continue
             request = self._socket.recv_multipart()
             try:
-                version, request_id, _domain, address, _identity, mechanism, *credentials = (
-                    request
-                )
-            except ValueError:
-                self._socket.send_multipart([b"1.0", b"", b"500", b"bad ZAP request", b"", b""])
-                continue
-            admitted = mechanism == b"CURVE" and credentials[:1] == [self._worker_key]
-            if admitted:
-                reply = [version, request_id, b"200", b"OK", b"worker", b""]
-            else:
-                self._refusals.warn(
-                    "%s refused a connection from %s: it did not prove this job's key "
-                    "(mechanism %s)", self._where, address.decode(errors="replace"),
-                    mechanism.decode(errors="replace"),
-                )
-                reply = [version, request_id, b"400", b"not this job's key", b"", b""]
-            self._socket.send_multipart(reply)
+                self._answer(request)
+            except Exception:  # noqa: BLE001 - a dead ZAP thread would stall every handshake
+                log.exception("%s: the ZAP handler failed on one request", self._where)
+                if self._socket.getsockopt(zmq.EVENTS) & zmq.POLLOUT:  # REP owes a reply
+                    self._socket.send_multipart([b"1.0", b"", b"500", b"ZAP failed", b"", b""])
+
+    def _answer(self, request: list[bytes]) -> None:
+        try:
+            version, request_id, _domain, address, _identity, mechanism, *credentials = request
+        except ValueError:
+            self._socket.send_multipart([b"1.0", b"", b"500", b"bad ZAP request", b"", b""])
+            return
+        admitted = mechanism == b"CURVE" and credentials[:1] == [self._worker_key]
+        if admitted:
+            reply = [version, request_id, b"200", b"OK", b"worker", b""]
+        else:
+            self._refusals.warn(
+                "%s refused a connection from %s: it did not prove this job's key "
+                "(mechanism %s)", self._where, address.decode(errors="replace"),
+                mechanism.decode(errors="replace"),
+            )
+            reply = [version, request_id, b"400", b"not this job's key", b"", b""]
+        self._socket.send_multipart(reply)
 
     def close(self) -> None:
         self._stop.set()
@@ -254,14 +281,16 @@ class ServerEndpoint:
         self.endpoint = endpoint
         self.name = name
         self._handlers = handlers
+        _raise_open_file_limit(name)
         self._context = zmq.Context()
         self._refusals = _RefusalLog()
+        self._message_refusals = _RefusalLog()
         self._auth = (
             None if keys is None else _Authenticator(self._context, keys, name, self._refusals)
         )
         self._router = self._context.socket(zmq.ROUTER)
         self._router.linger = 2000  # the last replies (stop_worker's) still go out
-        self._router.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        _bound_connections(self._router)
         if keys is not None:
             self._router.curve_server = True
             self._router.curve_secretkey = keys.server_secret
@@ -289,36 +318,62 @@ class ServerEndpoint:
             poller.register(sock, zmq.POLLIN)
         while not self._stop.is_set():
             for sock, _ in poller.poll(_POLL_MS):
-                if sock is self._router:
-                    self._receive(self._router.recv_multipart(copy=False))
-                elif sock is self._replies:
-                    self._router.send_multipart(self._replies.recv_multipart(copy=False))
-                else:
-                    event = recv_monitor_message(self._monitor)
-                    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                        # Closed before a greeting: a port probe (fleetrun's and the
-                        # workers' wait_for_port make them), not a refused peer.
-                        log.debug("%s: a connection closed before its handshake", self.name)
-                        continue
-                    self._refusals.warn(
-                        "%s refused a connection on %s: handshake failed (%s); a peer "
-                        "without this job's key, or of another protocol", self.name,
-                        self.endpoint, _event_name(event["event"]),
+                try:
+                    self._serve_one(sock)
+                except Exception:  # noqa: BLE001 - the one thread that serves every worker
+                    self._message_refusals.warn(
+                        "%s: the I/O thread survived an unexpected error", self.name,
+                        exc_info=True,
                     )
+
+    def _serve_one(self, sock: zmq.Socket) -> None:
+        if sock is self._router:
+            self._receive(self._router.recv_multipart(copy=False))
+        elif sock is self._replies:
+            self._router.send_multipart(self._replies.recv_multipart(copy=False))
+        else:
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # Closed before a greeting (a port probe: fleetrun's and the workers'
+                # wait_for_port make them), or idle past the handshake deadline.
+                log.debug("%s: a connection closed before its handshake", self.name)
+                return
+            self._refusals.warn(
+                "%s refused a connection on %s: handshake failed (%s); a peer "
+                "without this job's key, or of another protocol", self.name,
+                self.endpoint, _event_name(event["event"]),
+            )
 
     def _receive(self, frames: list[zmq.Frame]) -> None:
         routing, message = frames[0], frames[1:]
         try:
             header, body = wire.decode(message)
+        except wire.ProtocolError as err:
+            self._refuse(routing, message, err)
+            return
+        try:
             args = wire.check_args(header.get("op"), body)
         except wire.ProtocolError as err:
-            peer = message[0].get("Peer-Address") if message else "?"
-            log.warning("%s refused a message from %s: %s", self.name, peer, err)
-            request_id = _request_id(message)
-            if request_id is not None:
-                self._reply(routing, request_id, error=err)
+            err.request_id = header["id"]
+            self._refuse(routing, message, err)
             return
-        self._pool.submit(self._call, routing, header["id"], header["op"], args)
+        try:
+            self._pool.submit(self._call, routing, header["id"], header["op"], args)
+        except RuntimeError as err:  # the pool is shut down: this server is closing
+            self._reply(routing, header["id"], error=err)
+
+    def _refuse(
+        self, routing: zmq.Frame, message: list[zmq.Frame], err: wire.ProtocolError
+    ) -> None:
+        """Logs (rate-limited) and answers a message that is not this protocol's;
+        one whose id is unreadable gets no answer."""
+        try:
+            peer = message[0].get("Peer-Address") if message else "?"
+        except zmq.ZMQError:
+            peer = "?"
+        self._message_refusals.warn("%s refused a message from %s: %s", self.name, peer, err)
+        if err.request_id is not None:
+            self._reply(routing, err.request_id, error=err)
 
     def _call(self, routing: zmq.Frame, request_id: int, op: str, args: list) -> None:
         try:
@@ -332,7 +387,10 @@ class ServerEndpoint:
             self._reply(routing, request_id, body=result)
 
     def _reply_future(self, routing: zmq.Frame, request_id: int, done: Any) -> None:
-        error = done.exception()
+        try:
+            error = done.exception()
+        except Exception as cancelled:  # noqa: BLE001 - CancelledError: still answered
+            error = cancelled
         if error is None:
             self._reply(routing, request_id, body=done.result())
         else:
@@ -344,12 +402,11 @@ class ServerEndpoint:
     ) -> None:
         header: dict[str, Any] = {"v": wire.PROTOCOL_VERSION, "id": request_id}
         if error is not None:
-            header["error"] = {"type": type(error).__name__, "message": str(error)}
+            header["error"] = _error_fields(error)
         try:
             frames = wire.encode(header, body)
-        except TypeError as err:
-            frames = wire.encode({**header, "error": {"type": "TypeError", "message": str(err)}},
-                                 None)
+        except Exception as err:  # noqa: BLE001 - a result the wire cannot carry: say so
+            frames = wire.encode({**header, "error": _error_fields(err)}, None)
         with self._reply_lock:
             if not self._stop.is_set():
                 self._reply_push.send_multipart([routing, *frames])
@@ -372,15 +429,39 @@ class ServerEndpoint:
         self._context.term()
 
 
-def _request_id(message: Sequence[zmq.Frame]) -> int | None:
-    # Best effort, for an error reply to a message that failed to decode.
-    import json
-
+def _error_fields(error: BaseException) -> dict[str, str]:
+    """The ``error`` of a reply: the exception's type and message, cut."""
     try:
-        value = json.loads(bytes(message[0].buffer)).get("id")
-    except Exception:  # noqa: BLE001 - undecodable: no reply
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+        message = str(error)
+    except Exception:  # noqa: BLE001 - an exception whose str() fails still gets a reply
+        message = "(its message could not be formatted)"
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + f"... ({len(message)} characters)"
+    return {"type": type(error).__name__, "message": message}
+
+
+def _bound_connections(sock: zmq.Socket) -> None:
+    """What one connection of ``sock`` may make this process hold, and for how
+    long before it authenticated (the module's docstring)."""
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_DEADLINE_S * 1000))
+
+
+def _raise_open_file_limit(name: str) -> None:
+    """Raises this process's soft open-file limit to its hard one: each
+    connection, idle or not, holds a descriptor until the handshake deadline,
+    and a worker locked out by the usual soft limit of 1024 waits that long."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20  # Linux's usual fs.nr_open
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.debug("%s: open-file limit raised from %d to %d", name, soft, hard)
+    except (ImportError, OSError, ValueError) as err:  # not Unix, or not allowed
+        log.debug("%s: open-file limit left as it is (%s)", name, err)
 
 
 def _event_name(event: int) -> str:
@@ -414,7 +495,7 @@ class ServerSet:
         for endpoint in self.endpoints:
             dealer = self._context.socket(zmq.DEALER)
             dealer.linger = 0
-            dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            _bound_connections(dealer)
             if keys is not None:
                 dealer.curve_serverkey = keys.server_public
                 dealer.curve_publickey = keys.worker_public
@@ -450,7 +531,11 @@ class ServerSet:
                     continue
                 kind, index = kinds[id(sock)]
                 if kind == "reply":
-                    self._deliver(index, sock.recv_multipart(copy=False))
+                    frames = sock.recv_multipart(copy=False)
+                    try:
+                        self._deliver(index, frames)
+                    except Exception:  # noqa: BLE001 - one reply must not stop every call
+                        log.exception("parameter server %d: a reply could not be delivered", index)
                 else:
                     recv_monitor_message(sock)
                     self._fail_pending(index, "the connection dropped")
@@ -460,6 +545,15 @@ class ServerSet:
             header, body = wire.decode(frames)
         except wire.ProtocolError as err:
             log.warning("parameter server %d sent a reply that does not decode: %s", index, err)
+            if err.request_id is not None:
+                with self._lock:
+                    entry = self._pending.pop(err.request_id, None)
+                if entry is not None and entry[0] == index:
+                    entry[1].set_exception(ServerCallError(
+                        f"parameter server {index} at {self.endpoints[index]} sent a reply "
+                        f"that does not decode: {err}", endpoint=self.endpoints[index],
+                        remote_type="ProtocolError",
+                    ))
             return
         with self._lock:
             entry = self._pending.pop(header["id"], None)

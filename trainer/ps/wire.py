@@ -1,16 +1,18 @@
 """The parameter server's messages: a small JSON header plus raw array frames.
 
-A message is a list of byte frames: frame 0 is a UTF-8 JSON header, every
-further frame is the raw bytes of one tensor the header describes. Nothing is
-ever unpickled: a receiver decodes only JSON scalars, lists, the two tags below
-and tensors of the listed dtypes whose byte length matches their declared shape.
+A message is a list of byte frames: frame 0 is a UTF-8 JSON header, the
+further frames are the raw bytes of the tensors the header describes, in order:
+each tensor in frames of ``MAX_FRAME_BYTES`` (the last one shorter; one empty
+frame for an empty tensor). Nothing is ever unpickled: a receiver decodes only
+JSON scalars, lists, the two tags below and tensors of the listed dtypes whose
+byte length matches their declared shape.
 
 Header of a request::
 
-    {"v": 1, "id": 7, "op": "push", "body": [...], "tensors": [["float32", [4, 8]], ...]}
+    {"v": 2, "id": 7, "op": "push", "body": [...], "tensors": [["float32", [4, 8]], ...]}
 
-and of a reply ``{"v": 1, "id": 7, "body": ...}`` or, when the handler raised,
-``{"v": 1, "id": 7, "error": {"type": "ValueError", "message": "..."}}``.
+and of a reply ``{"v": 2, "id": 7, "body": ...}`` or, when the handler raised,
+``{"v": 2, "id": 7, "error": {"type": "ValueError", "message": "..."}}``.
 
 In a body, ``{"$t": k}`` stands for tensor frame ``k`` and ``{"$d": [[key,
 value], ...]}`` for a dict whose keys are strings or integers (a dense
@@ -19,12 +21,22 @@ parameter's index). Tuples travel as lists.
 Every operation's arguments are checked against its signature (``OPS``) before
 a handler sees them: a peer that sends anything else gets a ``ProtocolError``
 and nothing runs.
+
+Decoding is bounded before anything is allocated from a peer's numbers: a header
+of at most ``MAX_HEADER_BYTES``, nested at most ``MAX_JSON_DEPTH`` deep (checked
+in one linear scan before the JSON parser recurses), integers of int64's range
+(checked on their digits before conversion), finite floats, shapes of at most
+``MAX_DIMS`` sizes whose extent fits ``MAX_TENSOR_ELEMENTS``, and frames whose
+count and sizes are exactly those the shapes declare. Whatever else goes wrong
+while decoding is a ``ProtocolError`` too: ``decode`` raises nothing else.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,10 +52,23 @@ __all__ = [
     "encode",
 ]
 
-PROTOCOL_VERSION = 1
-MAX_HEADER_BYTES = 1 << 20  # a header holds names and shapes, never values
-MAX_DEPTH = 6
+# 2: tensors of more than MAX_FRAME_BYTES travel as several frames.
+PROTOCOL_VERSION = 2
+# Bytes of one frame. The transport sets ZeroMQ's frame limit from it, so it is
+# also what one frame of any peer, a handshake frame of an unauthenticated one
+# included, can make a receiver hold before anything looks at it.
+MAX_FRAME_BYTES = 1 << 20
+MAX_HEADER_BYTES = MAX_FRAME_BYTES  # a header holds names and shapes, never values
+MAX_DEPTH = 6  # of a body, counting lists and tagged dicts
+# Of the header's JSON text: the deepest body MAX_DEPTH allows (a tensor inside
+# six tagged dicts) is 20 levels deep.
+MAX_JSON_DEPTH = 24
 MAX_DIMS = 4
+# The product of a shape's sizes (0 counted as 1): torch's strides stay in int64.
+MAX_TENSOR_ELEMENTS = 1 << 40
+_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
+_MAX_INT_CHARS = 20  # "-9223372036854775808"
+_MAX_FLOAT_CHARS = 64
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -55,10 +80,20 @@ _DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_ITEM_BYTES = {name: torch.empty(0, dtype=dtype).element_size() for name, dtype in _DTYPES.items()}
 
 
 class ProtocolError(ValueError):
-    """A message that is not one this protocol sends: what was expected and found."""
+    """A message that is not one this protocol sends: what was expected and found.
+
+    Attributes:
+        request_id: the message's id when its header could be read (an error
+            reply can then name it), else None.
+    """
+
+    def __init__(self, message: str, request_id: int | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 # -- encoding ----------------------------------------------------------------------
@@ -69,19 +104,37 @@ def encode(header: dict[str, Any], body: Any) -> list[bytes | memoryview]:
 
     Raises:
         TypeError: ``body`` holds a value this protocol cannot carry.
+        ValueError: the header would exceed ``MAX_HEADER_BYTES``.
     """
     tensors: list[torch.Tensor] = []
     message = dict(header)
     message["body"] = _encode_value(body, tensors)
     message["tensors"] = [[_DTYPE_NAMES[t.dtype], list(t.shape)] for t in tensors]
-    frames: list[bytes | memoryview] = [json.dumps(message, separators=(",", ":")).encode()]
+    text = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    if len(text) > MAX_HEADER_BYTES:
+        raise ValueError(
+            f"a message header of {len(text)} bytes (its names, shapes and scalars); "
+            f"the protocol carries at most {MAX_HEADER_BYTES}"
+        )
+    frames: list[bytes | memoryview] = [text]
     for tensor in tensors:
-        frames.append(memoryview(tensor.numpy()).cast("B") if tensor.numel() else b"")
+        if not tensor.numel():
+            frames.append(b"")
+            continue
+        data = memoryview(tensor.numpy()).cast("B")
+        starts = range(0, data.nbytes, MAX_FRAME_BYTES)
+        frames.extend(data[start : start + MAX_FRAME_BYTES] for start in starts)
     return frames
 
 
 def _encode_value(value: Any, tensors: list[torch.Tensor]) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if not _INT64_MIN <= value < _INT64_END:
+            raise TypeError(
+                f"cannot send an integer of {value.bit_length()} bits; int64's range expected"
+            )
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -97,8 +150,8 @@ def _encode_value(value: Any, tensors: list[torch.Tensor]) -> Any:
         pairs = []
         for key, item in value.items():
             if not isinstance(key, (str, int)) or isinstance(key, bool):
-                raise TypeError(f"dict keys must be str or int to be sent, found {key!r}")
-            pairs.append([key, _encode_value(item, tensors)])
+                raise TypeError(f"dict keys must be str or int to be sent, found {key!r:.80}")
+            pairs.append([_encode_value(key, tensors), _encode_value(item, tensors)])
         return {"$d": pairs}
     raise TypeError(f"cannot send a {type(value).__name__} to a parameter server peer")
 
@@ -122,63 +175,202 @@ def decode(frames: Sequence[Any]) -> tuple[dict[str, Any], Any]:
     """The header (without body/tensors) and the decoded body of a message.
 
     Raises:
-        ProtocolError: the frames are not a message of this protocol.
+        ProtocolError: the frames are not a message of this protocol (its
+            ``request_id`` set when the header was readable).
     """
     if not frames:
         raise ProtocolError("expected a message of at least one frame, found none")
-    raw = bytes(frames[0])
-    if len(raw) > MAX_HEADER_BYTES:
-        raise ProtocolError(
-            f"expected a header of at most {MAX_HEADER_BYTES} bytes, found {len(raw)}"
-        )
+    header = _decode_header(frames[0])
+    request_id = header["id"]
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ProtocolError(f"expected a JSON header, found undecodable bytes ({err})") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(f"expected a JSON object as header, found {type(header).__name__}")
-    if header.get("v") != PROTOCOL_VERSION:
+        if header.get("v") != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"expected protocol version {PROTOCOL_VERSION}, found {header.get('v')!r:.40}"
+            )
+        tensors = _decode_tensors(header.pop("tensors", []), frames)
+        body = _decode_value(header.pop("body", None), tensors, 0)
+    except ProtocolError as err:
+        err.request_id = request_id
+        raise
+    except Exception as err:  # noqa: BLE001 - a peer's message must never stop its receiver
         raise ProtocolError(
-            f"expected protocol version {PROTOCOL_VERSION}, found {header.get('v')!r}"
-        )
-    if not isinstance(header.get("id"), int) or isinstance(header.get("id"), bool):
-        raise ProtocolError(f"expected an integer message id, found {header.get('id')!r}")
-    specs = header.pop("tensors", [])
-    if not isinstance(specs, list) or len(specs) != len(frames) - 1:
-        raise ProtocolError(
-            f"expected one frame per declared tensor, found {len(frames) - 1} frames for "
-            f"{len(specs) if isinstance(specs, list) else specs!r} tensors"
-        )
-    tensors = [_decode_tensor(spec, frames[i + 1], i) for i, spec in enumerate(specs)]
-    body = _decode_value(header.pop("body", None), tensors, 0)
+            f"message {request_id}: not decodable ({type(err).__name__}: {str(err)[:200]})",
+            request_id,
+        ) from err
     return header, body
 
 
-def _decode_tensor(spec: Any, frame: Any, index: int) -> torch.Tensor:
-    if not (isinstance(spec, list) and len(spec) == 2 and spec[0] in _DTYPES):
+def _buffer(frame: Any) -> memoryview:
+    return memoryview(frame.buffer if hasattr(frame, "buffer") else frame).cast("B")
+
+
+def _decode_header(frame: Any) -> dict[str, Any]:
+    data = _buffer(frame)
+    if data.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError(
+            f"expected a header of at most {MAX_HEADER_BYTES} bytes, found {data.nbytes}"
+        )
+    raw = data.tobytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ProtocolError(
+            f"expected a UTF-8 JSON header, found undecodable bytes ({err})"
+        ) from None
+    _check_nesting(raw)
+    try:
+        header = _header_decoder().decode(text)
+    except ProtocolError:
+        raise
+    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
+        raise ProtocolError(f"expected a JSON header, found undecodable text ({err})") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"expected a JSON object as header, found {type(header).__name__}")
+    request_id = header.get("id")
+    if not isinstance(request_id, int) or isinstance(request_id, bool):
+        raise ProtocolError(f"expected an integer message id, found {request_id!r:.40}")
+    return header
+
+
+# A JSON escape sequence: a backslash and the character after it. Left to
+# right, this pairs backslashes exactly as a JSON parser does inside strings.
+_ESCAPE_SEQUENCE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')  # once no escaped quote is left
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_OPENING = frozenset(b"[{")
+
+
+def _check_nesting(raw: bytes) -> None:
+    """Refuses JSON text whose brackets nest deeper than ``MAX_JSON_DEPTH``
+    outside its strings: a scan in linear time, before the parser recurses.
+
+    For text that is not JSON the depth found is at least that of the valid
+    prefix the parser would recurse into before failing, so the bound holds."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:  # a usual header: done
+        return
+    if b"\\" in raw:
+        raw = _ESCAPE_SEQUENCE.sub(b"__", raw)
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    if len(brackets) <= MAX_JSON_DEPTH:
+        return
+    if len(brackets) <= 256:  # a loop beats numpy's set-up
+        depth = level = 0
+        for code in brackets:
+            level += 1 if code in _OPENING else -1
+            depth = max(depth, level)
+    else:
+        codes = np.frombuffer(brackets, dtype=np.uint8)
+        steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
+        depth = int(np.cumsum(steps).max())
+    if depth > MAX_JSON_DEPTH:
+        raise ProtocolError(
+            f"expected a header nested at most {MAX_JSON_DEPTH} deep, found {depth} levels"
+        )
+
+
+_decoders = threading.local()
+
+
+def _header_decoder() -> json.JSONDecoder:
+    # One per thread: a decoder's scanner keeps state between its calls.
+    decoder = getattr(_decoders, "decoder", None)
+    if decoder is None:
+        decoder = _decoders.decoder = json.JSONDecoder(
+            parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant
+        )
+    return decoder
+
+
+def _bounded_int(digits: str) -> int:
+    # Checked on its text: converting 5000 digits is what the limit avoids.
+    if len(digits) > _MAX_INT_CHARS:
+        raise ProtocolError(
+            f"expected integers in int64's range, found one of {len(digits)} characters"
+        )
+    value = int(digits)
+    if not _INT64_MIN <= value < _INT64_END:
+        raise ProtocolError(f"expected integers in int64's range, found {value}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text) if len(text) <= _MAX_FLOAT_CHARS else math.inf
+    if not math.isfinite(value):
+        raise ProtocolError(
+            f"expected a finite number of at most {_MAX_FLOAT_CHARS} characters, "
+            f"found {text[:_MAX_FLOAT_CHARS]!r}"
+        )
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ProtocolError(f"expected finite numbers, found {name}")
+
+
+def _decode_tensors(specs: Any, frames: Sequence[Any]) -> list[torch.Tensor]:
+    if not isinstance(specs, list):
+        raise ProtocolError(f"expected a list of tensor specs, found {type(specs).__name__}")
+    layouts = [_tensor_layout(spec, index) for index, spec in enumerate(specs)]
+    expected = sum(frame_count for *_, frame_count in layouts)
+    if len(frames) - 1 != expected:
+        raise ProtocolError(
+            f"expected {expected} tensor frames for the {len(specs)} declared tensors "
+            f"(each in frames of {MAX_FRAME_BYTES} bytes), found {len(frames) - 1}"
+        )
+    # Every frame's size is checked before any tensor is allocated.
+    pieces, at = [], 1
+    for index, (name, shape, nbytes, frame_count) in enumerate(layouts):
+        data = [_buffer(frame) for frame in frames[at : at + frame_count]]
+        at += frame_count
+        sizes = [piece.nbytes for piece in data]
+        if sum(sizes) != nbytes or any(size != MAX_FRAME_BYTES for size in sizes[:-1]):
+            shown = sizes if len(sizes) <= 4 else [*sizes[:3], "...", sizes[-1]]
+            raise ProtocolError(
+                f"tensor {index}: expected {nbytes} bytes for {name}{shape} in {frame_count} "
+                f"frame(s) of {MAX_FRAME_BYTES} bytes (the last shorter), found frames of "
+                f"{shown} bytes"
+            )
+        pieces.append(data)
+    tensors = []
+    for (name, shape, _, _), data in zip(layouts, pieces, strict=True):
+        out = torch.empty(shape, dtype=_DTYPES[name])
+        if out.numel():
+            flat = out.view(-1).view(torch.uint8).numpy()
+            start = 0
+            for piece in data:
+                flat[start : start + piece.nbytes] = np.frombuffer(piece, dtype=np.uint8)
+                start += piece.nbytes
+        tensors.append(out)
+    return tensors
+
+
+def _tensor_layout(spec: Any, index: int) -> tuple[str, list[int], int, int]:
+    """A declared tensor's dtype name, shape, byte count and frame count."""
+    if not (
+        isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)
+        and spec[0] in _DTYPES
+    ):
         raise ProtocolError(
             f"tensor {index}: expected [dtype, shape] with dtype one of {sorted(_DTYPES)}, "
-            f"found {spec!r}"
+            f"found {spec!r:.200}"
         )
-    dtype, shape = _DTYPES[spec[0]], spec[1]
+    name, shape = spec
     if not (
         isinstance(shape, list)
         and len(shape) <= MAX_DIMS
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        and all(type(size) is int and size >= 0 for size in shape)
     ):
         raise ProtocolError(
-            f"tensor {index}: expected a shape of at most {MAX_DIMS} sizes >= 0, found {shape!r}"
+            f"tensor {index}: expected a shape of at most {MAX_DIMS} sizes >= 0, "
+            f"found {shape!r:.200}"
         )
-    data = memoryview(frame.buffer if hasattr(frame, "buffer") else frame).cast("B")
-    expected = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    if data.nbytes != expected:
+    if math.prod(max(size, 1) for size in shape) > MAX_TENSOR_ELEMENTS:
         raise ProtocolError(
-            f"tensor {index}: expected {expected} bytes for {spec[0]}{shape}, found {data.nbytes}"
+            f"tensor {index}: expected a shape whose sizes multiply to at most "
+            f"{MAX_TENSOR_ELEMENTS} (zeros counted as ones), found {shape}"
         )
-    out = torch.empty(shape, dtype=dtype)
-    if expected:
-        out.view(-1).view(torch.uint8).numpy()[:] = np.frombuffer(data, dtype=np.uint8)
-    return out
+    nbytes = math.prod(shape) * _ITEM_BYTES[name]
+    return name, shape, nbytes, max(1, -(-nbytes // MAX_FRAME_BYTES))
 
 
 def _decode_value(value: Any, tensors: list[torch.Tensor], depth: int) -> Any:

@@ -102,8 +102,10 @@ def _check_torch_archive(path: str) -> None:
         with zipfile.ZipFile(pa.BufferReader(data)) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, ValueError, OSError) as error:
-        raise CheckpointError(f"{path}: expected a torch.save file (a zip archive), found "
-                              f"{type(error).__name__}: {first_line(error)}", path=path) from None
+        raise CheckpointError(
+            f"{path}: expected a torch.save file of tensors (a zip archive), found "
+            f"{type(error).__name__}: {first_line(error)}", path=path,
+        ) from None
     for entry in entries:
         if entry.compress_type != zipfile.ZIP_STORED or entry.file_size > size:
             raise CheckpointError(

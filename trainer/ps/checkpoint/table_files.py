@@ -249,7 +249,7 @@ def _open_checked(path: str, table: str | None, dim: int | None, refuse: Any) ->
     # file of zstd costs GBs): refused from the message headers alone.
     problem = file_problem(data)
     if problem is not None:
-        raise refuse(f"expected an uncompressed Arrow IPC file of table rows, found {problem}")
+        raise refuse(f"expected an Arrow IPC file of table rows (uncompressed), found {problem}")
     try:
         reader = pa.ipc.open_file(data)
     except (pa.ArrowException, ValueError) as error:
@@ -266,7 +266,7 @@ def _open_checked(path: str, table: str | None, dim: int | None, refuse: Any) ->
     numbers = {}
     for key in ("dim", "pass", "shard"):
         if not (meta[key].isascii() and meta[key].isdigit() and len(meta[key]) <= 18):
-            raise refuse(f"metadata {key!r}: expected an int in [0, 10**18), "
+            raise refuse(f"metadata {key!r}: expected an int >= 0 (below 10**18), "
                          f"found {describe_value(meta[key])}")
         numbers[key] = int(meta[key])
     if numbers["dim"] > MAX_DIM:
