@@ -21,7 +21,8 @@ so they overlap under Hogwild). AUC is exact, on a held-out file of 20,000 lines
 
 Usage: python benchmarks/bench_hogwild.py [--threads 1 2] [--repeats 3]
        [--lines 20000] [--epochs 2] [--torch-threads 0] [--no-write]
-Results go to benchmarks/results/hogwild.md.
+Results go to benchmarks/results/hogwild.md, rewritten whole by each run (every
+figure and note in it comes from the run, with its commit and load average).
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "benchmarks" / "data" / "small_ctr"
 RESULTS = REPO / "benchmarks" / "results" / "hogwild.md"
 RUN_TIMEOUT = 900
+sys.path.insert(0, str(REPO / "benchmarks"))
+import results_file  # noqa: E402  (the commit, command and load every figure carries)
 
 
 def child(config: dict) -> dict:
@@ -99,6 +103,7 @@ def child(config: dict) -> dict:
     return {
         "threads": config["threads"],
         "engine": sorted(map(str, engines)),
+        "records": records,
         "records_per_s": records / wall,
         "cpu_ms_per_batch": 1e3 * cpu / batches,
         "phase_ms": {k: 1e3 * v / batches for k, v in phases.items()},
@@ -123,7 +128,8 @@ def run(config: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def table(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
+def table(args: argparse.Namespace, runs: dict[str, list[dict]], loads: list[float],
+          started: str) -> str:
     """The results as markdown."""
     base = statistics.median(r["records_per_s"] for r in next(iter(runs.values())))
     lines = [
@@ -132,10 +138,10 @@ def table(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
         f"{args.files} files x {args.lines:,} lines, batch 256, Adagrad lr 0.1, "
         f"{args.epochs} epochs (local_shuffle + train_from_dataset each), local mode, "
         f"median of {args.repeats} alternating run(s), "
-        f"`python benchmarks/bench_hogwild.py --repeats {args.repeats} "
-        f"--torch-threads {args.torch_threads}`. "
+        f"`{results_file.command()}` at {results_file.commit()}, started {started}. "
         f"torch intra-op threads: {next(iter(runs.values()))[0]['torch_threads']}. "
-        f"Machine: {os.cpu_count()} cores, shared.",
+        f"Machine: {os.cpu_count()} cores, shared; 1-minute load average at each "
+        f"repeat's start: {', '.join(f'{v:.2f}' for v in loads)}.",
         "",
         "| thread | Hogwild trainers | records/s | vs the first row | CPU ms/batch "
         "| forward ms | backward ms | update ms | held-out AUC | records/s of each run |",
@@ -177,7 +183,6 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(json.loads(args.child))), flush=True)
         return
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import make_small_ctr
 
     parts, held = make_small_ctr.write(DATA, args.lines, args.files)
@@ -188,7 +193,10 @@ def main() -> None:
     runs: dict[str, list[dict]] = {
         f"{t} {e}" if e else str(t): [] for t, e in trainers
     }
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    loads = []
     for repeat in range(args.repeats):
+        loads.append(results_file.load_average())
         for threads, engine in trainers:
             result = run({
                 "threads": threads, "engine": engine, "files": [str(p) for p in parts],
@@ -197,6 +205,10 @@ def main() -> None:
             })
             if engine is not None and result["engine"] != [engine]:
                 raise RuntimeError(f"thread={threads} ran as {result['engine']}, not {engine}")
+            if result["records"] != args.epochs * args.files * args.lines:
+                raise RuntimeError(f"thread={threads} {engine or ''} trained "
+                                   f"{result['records']} records, not "
+                                   f"{args.epochs * args.files * args.lines}")
             runs[f"{threads} {engine}" if engine else str(threads)].append(result)
             print(
                 f"repeat {repeat} thread={threads} {engine or ''}: "
@@ -204,16 +216,10 @@ def main() -> None:
                 f"{result['cpu_ms_per_batch']:.2f} CPU ms/batch, AUC {result['auc']:.4f}",
                 flush=True,
             )
-    text = table(args, runs)
+    text = table(args, runs, loads, started)
     print(text)
     if not args.no_write:
-        # Hand-written notes below the marker survive a rerun.
-        old = RESULTS.read_text() if RESULTS.exists() else ""
-        notes = old[old.index(NOTES_MARKER):] if NOTES_MARKER in old else ""
-        RESULTS.write_text(text + ("\n" + notes if notes else ""))
-
-
-NOTES_MARKER = "<!-- notes below are hand-written; bench_hogwild.py keeps them -->"
+        RESULTS.write_text(text)
 
 
 if __name__ == "__main__":

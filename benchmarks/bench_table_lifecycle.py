@@ -14,16 +14,26 @@ the process's resident memory growth per row of the table (VmRSS).
 runs Paddle 3.0.0's parameter server (``benchmarks/paddle_table_memory.py``):
 one server, one worker pulling and pushing the same number of distinct ids
 through a ``memory_sparse_table`` of dim 8 with Adagrad, and reports the
-server's resident memory growth per row.
+server's resident memory growth per row beside ours.
+
+Each side is checked before it reports: our table must hold ``--rows`` rows
+(``len`` and ``stats()``), Paddle's server must report as many
+(paddle_table_memory.py fails otherwise), and the loaded checkpoint as many
+rows as the saved table. The figures, with the commit, the load average and
+the command, replace this script's section of benchmarks/RESULTS.md and,
+when Paddle was measured, the ``table_memory`` block of
+docs/table_lifecycle.md (``--no-write``: print only).
 
 Run it with another checkout first on ``PYTHONPATH`` to measure that code (a
-table without ``stats()`` is measured for pull and push only).
+table without ``stats()`` is measured for pull and push only, and nothing is
+written).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +46,7 @@ if not any(Path(p, "trainer").is_dir() for p in sys.path[1:] if p):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
+import results_file
 import torch
 
 from trainer.ps.checkpoint import directory as checkpoint
@@ -44,6 +55,8 @@ from trainer.ps.tables.optim import OptimizerSpec
 from trainer.ps.tables.table import SparseTable
 
 DIM = 8
+DOC = Path(__file__).resolve().parent.parent / "docs" / "table_lifecycle.md"
+MB = 1e6
 
 
 def rate(run, batches, grads) -> float:
@@ -91,7 +104,7 @@ def disk_bytes(dirname: str) -> int:
     return sum(p.stat().st_size for p in Path(dirname).glob("sparse.*"))
 
 
-def saves(table: SparseTable, ids: np.ndarray) -> None:
+def saves(table: SparseTable, ids: np.ndarray) -> dict:
     """Base and delta save and load times (``--saves``)."""
     work = tempfile.mkdtemp(prefix="bench-saves-")
     try:
@@ -103,27 +116,113 @@ def saves(table: SparseTable, ids: np.ndarray) -> None:
         fresh = SparseTable("bench", DIM, OptimizerSpec("adagrad", {"lr": 0.05}))
         load_base_s = load(fresh, base)
         load_delta_s = load(fresh, delta)
-        assert len(fresh) == len(table)
-        print(f"save base: {base_s:.2f} s ({disk_bytes(base) / len(table):.1f} bytes/row on "
+        if len(fresh) != len(table):
+            raise SystemExit(f"the loaded table holds {len(fresh)} rows, not {len(table)}")
+        figures = {"base_s": base_s, "disk_bytes_per_row": disk_bytes(base) / len(table),
+                   "delta_rows": int(changed.shape[0]), "delta_s": delta_s,
+                   "load_base_s": load_base_s, "load_delta_s": load_delta_s}
+        print(f"save base: {base_s:.2f} s ({figures['disk_bytes_per_row']:.1f} bytes/row on "
               f"disk); save delta of {changed.shape[0]} rows: {delta_s:.3f} s; load base: "
               f"{load_base_s:.2f} s; load delta: {load_delta_s:.3f} s")
+        return figures
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def paddle(python: str, rows: int) -> None:
-    """Paddle 3.0.0's server memory growth per row, by paddle_table_memory.py."""
+def paddle(python: str, rows: int) -> dict:
+    """Paddle 3.0.0's server memory growth per row, by paddle_table_memory.py
+    (which fails unless the server holds all ``rows``); ``{"failure": ...}``
+    when it failed."""
     script = Path(__file__).resolve().parent / "paddle_table_memory.py"
+    load = results_file.load_average()
     result = subprocess.run([python, str(script), str(rows)], capture_output=True, text=True,
                             timeout=3600, check=False)
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
     if result.returncode or not lines:
+        failure = result.stderr.strip().splitlines()[-1:] or ["no output"]
         print(f"paddle: failed (exit {result.returncode}): {result.stderr[-2000:]}")
-        return
+        return {"failure": f"exit {result.returncode}: {failure[0]}"}
     figures = json.loads(lines[-1])
+    if figures.get("rows_held") != rows:
+        raise SystemExit(f"Paddle's table holds {figures.get('rows_held')} rows, not {rows}")
+    figures.update(bytes_per_row=figures["growth"] / rows, load=load)
     print(f"paddle 3.0.0 memory_sparse_table ({figures['accessor']}, dim {DIM}, adagrad): "
-          f"{figures['rows']} ids pulled and pushed, server RSS growth "
-          f"{figures['growth'] / figures['rows']:.1f} bytes/row, in {figures['seconds']:.1f} s")
+          f"{rows} ids pulled and pushed, {figures['rows_held']} rows held, server RSS "
+          f"growth {figures['bytes_per_row']:.1f} bytes/row, in {figures['seconds']:.1f} s")
+    return figures
+
+
+def report(args: argparse.Namespace, ours: dict, theirs: dict | None) -> str:
+    """This script's section of benchmarks/RESULTS.md."""
+    lines = [
+        f"## Sparse table lifecycle and memory per row (bench_table_lifecycle.py, "
+        f"{args.rows:,} rows)",
+        "",
+        f"`{results_file.command()}` at {ours['commit']}; one process, "
+        f"{os.cpu_count()} cores shared with other work, 1-minute load average "
+        f"{ours['load']:.2f} when our table was built. One table of {args.rows:,} ids, "
+        f"dim {DIM}, Adagrad (per-element sums); the table was checked to hold "
+        f"{ours['rows']:,} rows.",
+        "",
+        "| what | figure |",
+        "|---|---|",
+        f"| pull / push ({args.batch}-id batches, median of 5 rounds) | "
+        f"{ours['pull'] / 1e6:.1f} M / {ours['push'] / 1e6:.1f} M rows/s |",
+        f"| bytes per row, allocated (`table_stats`) | {ours['allocated_per_row']:.1f} |",
+        f"| resident memory growth per row (VmRSS) | {ours['rss_per_row']:.1f} |",
+    ]
+    if "saves" in ours:
+        saved = ours["saves"]
+        lines += [
+            f"| save base (Arrow IPC, {saved['disk_bytes_per_row']:.1f} bytes/row on disk) | "
+            f"{saved['base_s']:.2f} s |",
+            f"| save delta ({saved['delta_rows']:,} changed rows) | {saved['delta_s']:.3f} s |",
+            f"| load base into a fresh table (every batch checked first) | "
+            f"{saved['load_base_s']:.2f} s |",
+            f"| load delta | {saved['load_delta_s']:.3f} s |",
+        ]
+    lines += [
+        f"| shrink dropping {ours['dropped']:,} of {args.rows:,} rows | "
+        f"{ours['shrink_s']:.3f} s |",
+        f"| budget eviction of {ours['evicted']:,} rows | {ours['evict_s']:.3f} s |",
+    ]
+    if theirs is not None:
+        lines += ["", paddle_paragraph(args.rows, ours, theirs)]
+    return "\n".join(lines) + "\n"
+
+
+def paddle_paragraph(rows: int, ours: dict, theirs: dict) -> str:
+    """Paddle's memory per row beside ours, as measured (both tables checked full)."""
+    if "failure" in theirs:
+        return f"Paddle 3.0.0 (`benchmarks/paddle_table_memory.py`): failed, {theirs['failure']}."
+    ratio = ours["rss_per_row"] / theirs["bytes_per_row"]
+    return (
+        f"Paddle 3.0.0 (`benchmarks/paddle_table_memory.py`, `.venv-paddle30`): one server "
+        f"and one worker; `memory_sparse_table` with `{theirs['accessor']}` and "
+        f"`SparseAdaGradSGDRule` (embedding of dim {DIM}), ids 0..{rows - 1:,} pulled and "
+        f"pushed once in steps of 100,000, the client flushed, the server checked to hold "
+        f"{theirs['rows_held']:,} rows (1-minute load average {theirs['load']:.2f}): its "
+        f"VmRSS grew {theirs['growth'] / MB:,.1f} MB, **{theirs['bytes_per_row']:.1f} bytes "
+        f"per row** ({theirs['seconds']:.1f} s). Ours: **{ours['rss_per_row']:.1f} bytes per "
+        f"row**, {ratio:.2f}x Paddle's (our table in one process, Paddle's in its server "
+        f"process; ours keeps a per-element Adagrad sum, {4 * DIM} bytes a row, where "
+        f"Paddle's rule keeps one per row)."
+    )
+
+
+def write(args: argparse.Namespace, ours: dict, theirs: dict | None) -> None:
+    """The figures into benchmarks/RESULTS.md and, with Paddle's, the docs."""
+    results_file.write_section("table_lifecycle", report(args, ours, theirs))
+    if theirs is None or "failure" in theirs:
+        return
+    results_file.write_section("table_memory", (
+        f"At {args.rows:,} ids the resident memory growth per row is "
+        f"{ours['rss_per_row']:.1f} bytes against {theirs['bytes_per_row']:.1f} for Paddle "
+        f"3.0.0's own sparse table on the same ids, both checked to hold every row "
+        f"(`{results_file.command()}` at {ours['commit']}, 1-minute load average "
+        f"{ours['load']:.2f}; our table in one process, Paddle's in its server; "
+        f"`benchmarks/RESULTS.md`)."
+    ), DOC)
 
 
 def main() -> None:
@@ -132,44 +231,59 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--saves", action="store_true", help="time base and delta saves")
     parser.add_argument("--paddle-python", help="Paddle 3.0.0's python: measure its table too")
+    parser.add_argument("--no-write", action="store_true", help="print the figures only")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    ours = {"commit": results_file.commit(), "load": results_file.load_average()}
     before = rss()
     table = SparseTable("bench", DIM, OptimizerSpec("adagrad", {"lr": 0.05}))
     ids = np.arange(args.rows, dtype=np.int64) * 2654435761 + 7
     for start in range(0, args.rows, 100_000):
         table.pull(ids[start:start + 100_000], create=True)
     grown = rss() - before
+    if len(table) != args.rows:
+        raise SystemExit(f"the table holds {len(table)} rows, not {args.rows}")
     rng = np.random.default_rng(0)
     batches = [np.unique(ids[rng.integers(0, args.rows, args.batch)]) for _ in range(60)]
     grads = [torch.randn(b.shape[0], DIM) for b in batches]
-    pull = rate(lambda b, g: table.pull(b, create=True), batches, grads)
-    push = rate(lambda b, g: table.push(b, g), batches, grads)
-    print(f"{args.rows} rows, dim {DIM}, adagrad: pull {pull / 1e6:.2f} M rows/s, "
-          f"push {push / 1e6:.2f} M rows/s")
+    ours["pull"] = rate(lambda b, g: table.pull(b, create=True), batches, grads)
+    ours["push"] = rate(lambda b, g: table.push(b, g), batches, grads)
+    print(f"{args.rows} rows, dim {DIM}, adagrad: pull {ours['pull'] / 1e6:.2f} M rows/s, "
+          f"push {ours['push'] / 1e6:.2f} M rows/s")
     if not hasattr(table, "stats"):
         return
     stats = table.stats()
-    print(f"bytes per row (allocated): {stats['bytes'] / stats['rows']:.1f}; resident memory "
-          f"growth: {grown / stats['rows']:.1f}")
+    if stats["rows"] != args.rows:
+        raise SystemExit(f"table_stats counts {stats['rows']} rows, not {args.rows}")
+    ours.update(rows=stats["rows"], allocated_per_row=stats["bytes"] / stats["rows"],
+                rss_per_row=grown / stats["rows"])
+    print(f"bytes per row (allocated): {ours['allocated_per_row']:.1f}; resident memory "
+          f"growth: {ours['rss_per_row']:.1f}")
     if args.saves:
-        saves(table, ids)
-    if args.paddle_python:
-        paddle(args.paddle_python, args.rows)
+        ours["saves"] = saves(table, ids)
+    theirs = paddle(args.paddle_python, args.rows) if args.paddle_python else None
     table.set_pass(1)
     table.pull(ids[: args.rows // 2], create=True)
     table.set_pass(3)
     table.accessor = type(table.accessor)(delete_after_unseen_days=2)
     start = time.perf_counter()
-    dropped, kept = table.shrink()
-    print(f"shrink: dropped {dropped}, kept {kept} rows in {time.perf_counter() - start:.3f} s")
+    ours["dropped"], kept = table.shrink()
+    ours["shrink_s"] = time.perf_counter() - start
+    if ours["dropped"] + kept != args.rows or len(table) != kept:
+        raise SystemExit(f"shrink dropped {ours['dropped']} and kept {kept} of {args.rows}")
+    print(f"shrink: dropped {ours['dropped']}, kept {kept} rows in {ours['shrink_s']:.3f} s")
     budget = SparseTable("budget", DIM, OptimizerSpec("adagrad", {"lr": 0.05}),
                          max_rows=args.rows)
     budget.pull(ids, create=True)
     start = time.perf_counter()
     budget.pull(ids[:1] + 1, create=True)  # one new id: evicts a sixteenth
-    print(f"budget eviction of {budget.stats()['evicted']} rows: "
-          f"{time.perf_counter() - start:.3f} s")
+    ours["evict_s"] = time.perf_counter() - start
+    ours["evicted"] = budget.stats()["evicted"]
+    if len(budget) > args.rows:
+        raise SystemExit(f"the budget's table holds {len(budget)} rows, past {args.rows}")
+    print(f"budget eviction of {ours['evicted']} rows: {ours['evict_s']:.3f} s")
+    if not args.no_write:
+        write(args, ours, theirs)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Runs in Paddle's own interpreter and imports nothing from fleetfeed. Two uses:
 
-* local (``"mode": "local"``, Paddle 3.3.1, ``.venv-paddle33``): one process,
+* local (``"mode": "local"``, Paddle 3.3.1, ``.venv-paddle``): one process,
   ``paddle.distributed.InMemoryDataset`` on the MultiSlot files of
   benchmarks/make_small_ctr.py, ``Executor.train_from_dataset(thread=N)``
   with N reader/trainer threads, Adagrad lr 0.1 on every parameter;

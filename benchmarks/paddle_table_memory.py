@@ -6,9 +6,14 @@ paddle_ps.py). The worker's program is one sparse embedding of dim 8 (a
 ``memory_sparse_table`` with ``SparseAccessor`` and ``SparseAdaGradSGDRule``
 for both embed and embedx, Paddle's ``sparse_optimizer: "adagrad"``) summed
 into a loss; it trains on ids 0..N-1, 100,000 distinct ids per step, so each id
-is pulled (the server creates its row) and pushed once. The driver reads the
-server's VmRSS once the worker is connected and again once every id went
-through, and prints one JSON line: rows, RSS growth, seconds, accessor.
+is pulled and pushed once (the push creates the row on the server). The worker
+flushes its client after every step (its pushes are queued and merged in the
+background: unflushed ones are lost when it stops, and a merged message past
+brpc's 64 MB limit is refused) and then asks the server for the table's size
+(``print_table_stat``: "feasign size"). The driver reads the server's VmRSS
+once the worker is connected and again once every id went through, checks
+that the table holds exactly N rows (else it fails), and prints one JSON line:
+rows, rows held, RSS growth, seconds, accessor.
 
 Usage (bench_table_lifecycle.py --paddle-python does this):
     .venv-paddle30/bin/python benchmarks/paddle_table_memory.py 10000000
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -48,6 +54,13 @@ def wait_for(path: str, proc: subprocess.Popen, timeout: float) -> None:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the worker exited ({proc.returncode}) or timed out before {path}")
         time.sleep(0.2)
+
+
+def rows_held(worker_log: str) -> int | None:
+    """The table's size as the worker's ``print_table_stat`` printed it."""
+    with open(worker_log, errors="replace") as log:
+        sizes = re.findall(r"feasign size: (\d+)", log.read())
+    return int(sizes[-1]) if sizes else None
 
 
 def role(config: dict) -> None:
@@ -103,12 +116,27 @@ def role(config: dict) -> None:
     while not os.path.exists(config["go"]):
         time.sleep(0.1)
     program = paddle.static.default_main_program()
+    from paddle.distributed.ps.the_one_ps import get_the_one_recv_context
+
+    runtime = fleet.fleet._runtime_handle  # the_one_ps: no public flush or table size
     start = time.perf_counter()
     for first in range(0, config["rows"], STEP):
         batch = np.arange(first, min(first + STEP, config["rows"]), dtype=np.int64)
         exe.run(program, feed={"ids": batch.reshape(-1, 1)}, fetch_list=[loss])
+        # The client queues pushes and merges the queue into one message: on a busy
+        # machine that grew past brpc's 64 MB max_body_size, the server closed the
+        # connection and 3.6M of 10M rows were never created. A flush per step keeps
+        # each message to one step's 100,000 ids.
+        runtime._worker.client_flush()
+    seconds = time.perf_counter() - start
+    runtime._worker.client_flush()
+    # The sparse table's id, found as the_one_ps's own shrink finds it.
+    table_id = min(get_the_one_recv_context(runtime.context, is_dense=False))
+    # Prints "table id: T, feasign size: N, mf size: M" to this process's stdout (C++).
+    runtime._worker.print_table_stat(table_id, 0, 0)
+    sys.stdout.flush()
     with open(config["done"], "w") as out:
-        json.dump({"seconds": time.perf_counter() - start}, out)
+        json.dump({"seconds": seconds, "table_id": table_id}, out)
     time.sleep(3600)  # the driver reads the server's memory, then ends both
 
 
@@ -134,8 +162,12 @@ def main(rows: int) -> None:
         after = rss(server.pid)
         with open(config["done"]) as done:
             seconds = json.load(done)["seconds"]
-        print(json.dumps({"rows": rows, "growth": after - before, "before": before,
-                          "seconds": seconds, "accessor": "SparseAccessor"}))
+        held = rows_held(f"{work}/worker.log")
+        if held != rows:
+            raise RuntimeError(f"Paddle's table holds {held} rows, not the {rows} trained")
+        print(json.dumps({"rows": rows, "rows_held": held, "growth": after - before,
+                          "before": before, "seconds": seconds,
+                          "accessor": "SparseAccessor"}))
     except RuntimeError:
         for name in ("server", "worker"):
             with open(f"{work}/{name}.log") as log:
