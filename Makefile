@@ -14,7 +14,7 @@ SOURCES := setup.py pyproject.toml $(CYTHON_SOURCES)
 LINTERS := ruff==0.17.6 cython-lint==0.22.1
 CYTHON_FILES := $(sort $(CYTHON_SOURCES))
 
-.PHONY: all install build demo lint test test-pythons smoke-oldest bench bench-paddle bench-paddle-ps bench-ps record-paddle-fixtures clean
+.PHONY: all install build demo lint test test-repeat test-pythons smoke-oldest bench bench-paddle bench-paddle-ps bench-ps record-paddle-fixtures clean
 
 all: test
 
@@ -48,8 +48,26 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check .
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/cython-lint $(CYTHON_FILES)
 
+# -p no:randomly: pytest-randomly (in the test extra) would shuffle the order
+# and reseed random/numpy per test; `make test` keeps the files' order.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -p no:randomly
+
+# The suite N times (default 5), each round in another random order (pytest-randomly,
+# seeded: SEED=<n> replays a run's orders), to find tests that depend on order or
+# flake. One pytest process per round, so the session fixtures are new each time;
+# the first failing round stops it and says how to replay it. Extra pytest
+# arguments in ARGS (e.g. ARGS='-m "not slow" tests/trainer'); one test many times
+# in one process: ARGS='--count 50 tests/...::test_x' (pytest-repeat).
+N ?= 5
+SEED ?= $(shell date +%s)
+test-repeat: $(STAMP)
+	@for round in $$(seq $(N)); do \
+	  seed=$$(( $(SEED) + round - 1 )); \
+	  echo "== round $$round of $(N): --randomly-seed=$$seed"; \
+	  $(PY) -m pytest -q --randomly-seed=$$seed $(ARGS) || \
+	  { echo "== round $$round failed: replay with make test-repeat N=1 SEED=$$seed"; exit 1; }; \
+	done
 
 # The suite on every supported Python that is installed here, each in its own
 # venv (.venv-3.10, ...). An interpreter is found on PATH as python3.X, else

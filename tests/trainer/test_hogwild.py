@@ -142,16 +142,21 @@ def test_thread_1_is_torchs_loop_exactly():
 
 def test_threads_run_their_forwards_at_the_same_time(caplog):
     meeting = threading.Barrier(2, timeout=20)
-    met = []
+    met: dict[int, int] = {}  # thread id: its place at the barrier
 
     class Meeting(CtrModel):
         def forward(self, batch):
-            if len(met) < 2:  # each thread's first forward waits for the other's
+            # Each thread's first forward waits for the other's. Keyed by thread,
+            # not by len(met): the thread the barrier lets go first used to see
+            # len(met) == 1 at its second batch when the other had not yet been
+            # scheduled to record its own meeting, wait at the barrier again,
+            # alone, and break it (8 of 300 runs beside two busy loops).
+            me = threading.get_ident()
+            if me not in met:
                 try:
-                    met.append(meeting.wait())
+                    met[me] = meeting.wait()
                 except threading.BrokenBarrierError as broken:
-                    # Rare on a loaded machine (twice in many suite runs): say
-                    # where every thread was, to find what held the other one.
+                    # Say where every thread was, should the other never come.
                     stacks = "".join(
                         f"\n-- thread {ident}:\n" + "".join(traceback.format_stack(frame))
                         for ident, frame in sys._current_frames().items()
@@ -166,7 +171,7 @@ def test_threads_run_their_forwards_at_the_same_time(caplog):
         summary = Executor().train_from_dataset(
             model, ctr_batches(500, seed=1), optimizer, thread=2, fetch_list=[], hogwild=True
         )
-    assert sorted(met) == [0, 1]  # under one step lock the barrier would break
+    assert sorted(met.values()) == [0, 1]  # under one step lock the barrier would break
     assert summary.batches == 10 and summary.threads == 2
     assert not caplog.records
 

@@ -123,9 +123,14 @@ def job_main(config: dict) -> None:
                 data.append((x, y))
     out["trained"] = time.time()
     runtime.refresh()  # GEO: pushes this worker's last deltas
-    runtime.barrier_worker()
+    runtime.barrier_worker()  # and brings in the other workers' last pushes
     if role.index == 0:
-        runtime.refresh()  # the other workers' last pushes
+        on_servers = {}
+        for part in runtime.servers.call_all(transport_handler("pull_dense")):
+            on_servers.update(part)
+        out["dense_current"] = all(
+            torch.equal(p.detach(), on_servers[i].view_as(p)) for i, p in enumerate(runtime.params)
+        )
         out["auc"] = auc(model, batches(-1, 2000))
         table_size = transport_handler("table_size")
         out["sizes"] = [runtime.servers.call(s, table_size, "ps_emb") for s in range(len(eps))]
@@ -177,12 +182,37 @@ def mode_results(tmp_path_factory) -> dict:
     return out
 
 
+# Held-out AUC bands of mode_results' jobs. Sync is deterministic: it equals one
+# process training on both workers' batches (the test below), AUC 0.846107; its band
+# leaves room for another CPU's rounding only. Async (2 servers) and GEO (k=5) depend
+# on how the two workers' pushes interleave: measured on a loaded 2-core machine
+# (a suite running beside), each band is mean +- 4 sd of those jobs:
+#   async: 17 jobs, mean 0.8465, sd 0.0015, range 0.8439-0.8494 -> 0.8406-0.8523
+#   geo:   16 jobs, mean 0.8436, sd 0.0038, range 0.8362-0.8474 -> 0.8283-0.8590
+MODE_AUC_BANDS = {
+    "sync": (0.8451, 0.8471),
+    "async": (0.8406, 0.8523),
+    "geo": (0.8283, 0.8590),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_after_barrier_worker_a_worker_holds_the_servers_dense_values(mode_results):
+    """Async: worker 0 finished first used to evaluate dense parameters that
+    lacked the other worker's last pushes (a two-host AUC depended on which
+    host finished first); barrier_worker now brings them in."""
+    assert {mode: r["dense_current"] for mode, r in mode_results.items()} == dict.fromkeys(
+        mode_results, True
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_modes_train_to_the_same_quality(mode_results):
     aucs = {mode: r["auc"] for mode, r in mode_results.items()}
-    assert all(a > 0.8 for a in aucs.values()), aucs
-    assert max(aucs.values()) - min(aucs.values()) < 0.03, aucs
+    for mode, (low, high) in MODE_AUC_BANDS.items():
+        assert low <= aucs[mode] <= high, (mode, aucs)
 
 
 @pytest.mark.slow
