@@ -161,9 +161,16 @@ class ReaderPool:
         """
         started = time.perf_counter()
         chunks = OrderedChunks(self.tasks, len(self.paths), sink, self.ordered, by_task)
+        # Each reader sets its event as it really ends, and the main thread waits
+        # on those rather than on Thread.join: before Python 3.13 a join that a
+        # KeyboardInterrupt cuts short can leave the thread's state wrong
+        # (cpython#90882: marked dead while it still runs), and Ctrl-C is exactly
+        # when the load must wait for its readers to leave nothing running.
+        ended = [threading.Event() for _ in range(self.threads)]
         workers = [
             threading.Thread(
-                target=self._work, args=(chunks,), name=f"datafeed-reader-{i}", daemon=True
+                target=self._work_until_ended, args=(chunks, ended[i]),
+                name=f"datafeed-reader-{i}", daemon=True,
             )
             for i in range(self.threads)
         ]
@@ -172,15 +179,14 @@ class ReaderPool:
             for worker in workers:
                 worker.start()
             try:
-                for worker in workers:
-                    while worker.is_alive():
-                        worker.join(0.1)
+                for event in ended:
+                    while not event.wait(0.1):
                         if on_progress is not None:
                             on_progress(self.counters)
             except BaseException:  # KeyboardInterrupt included: leave nothing running
                 self.stop()
-                for worker in workers:
-                    worker.join()
+                for event in ended:
+                    event.wait()
                 raise
         if self._error is not None:
             raise self._error
@@ -191,6 +197,12 @@ class ReaderPool:
         return LoadStats.combine(stats, time.perf_counter() - started)
 
     # -- reader threads ----------------------------------------------------------
+
+    def _work_until_ended(self, chunks: OrderedChunks, ended: threading.Event) -> None:
+        try:
+            self._work(chunks)
+        finally:
+            ended.set()
 
     def _work(self, chunks: OrderedChunks) -> None:
         while not self._stop.is_set():
