@@ -41,8 +41,12 @@ def load(**settings):
     return ds
 
 if scenario in ("peer_dies", "peer_stalls", "rank0_dies"):
-    if scenario == "rank0_dies" and rank == 0:
-        os._exit(3)  # rank 0 also hosts the rendezvous store
+    if scenario == "rank0_dies":
+        # Every rank's group has formed before rank 0 dies: dying during the
+        # rendezvous (rank 0 also hosts the store) would test fleet.init instead.
+        fleet.barrier_worker()
+        if rank == 0:
+            os._exit(3)
     if rank == fleet.worker_num() - 1 and scenario != "rank0_dies":
         if scenario == "peer_dies":
             os._exit(3)

@@ -219,7 +219,10 @@ def text_file_for_flood(tmp_path: Path) -> Path:
 
 LOADER = textwrap.dedent(
     """
-    import sys, threading
+    import signal, sys, threading
+    # A suite started in the background by a non-interactive shell inherits
+    # SIGINT ignored, and Python then leaves it ignored: the interrupt must be one.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from support import SMALL_SCHEMA
     from datafeed import InMemoryDataset
