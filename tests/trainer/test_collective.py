@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import REPO, reserved_ports
+from support import run_collective_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -121,29 +118,11 @@ def run_ranks(
 ) -> list[dict]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    processes = []
-    outputs = []
-    with reserved_ports(1) as (port,):  # rank 0's rendezvous store listens on it
-        try:
-            for rank in ranks:
-                env = dict(
-                    os.environ, PYTHONPATH=str(REPO), RANK=str(rank),
-                    WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                )
-                processes.append(subprocess.Popen(
-                    [sys.executable, str(script), str(tmp_path), scenario], env=env,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                ))
-            for process in processes:
-                outputs.append(process.communicate(timeout=60)[0])
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-                    process.communicate()
-    for process, output in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, output
+    finished = run_collective_ranks(
+        script, [str(tmp_path), scenario], world_size=world_size, timeout=60, ranks=ranks
+    )
+    for code, output in finished:
+        assert code == 0, output
     return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in read or ranks]
 
 

@@ -9,14 +9,11 @@ replays the same steps in one process to get what they must be.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from support import REPO, reserved_ports
+from support import run_collective_ranks
 from torch import nn
 
 pytestmark = pytest.mark.distributed
@@ -122,27 +119,8 @@ def run_two_ranks(tmp_path: Path, scenario: str) -> list[dict[str, torch.Tensor]
     """Runs the script on ranks 0 and 1; their parameters by name."""
     script = tmp_path / "quick_start_collective.py"
     script.write_text(RANK_SCRIPT)
-    processes = []
-    with reserved_ports(1) as (port,):
-        try:
-            for rank in (0, 1):
-                env = dict(
-                    os.environ, PYTHONPATH=str(REPO), RANK=str(rank), WORLD_SIZE="2",
-                    LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                    OMP_NUM_THREADS="1",
-                )
-                processes.append(subprocess.Popen(
-                    [sys.executable, str(script), str(tmp_path), scenario, str(STEPS)],
-                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                ))
-            outputs = [process.communicate(timeout=120)[0] for process in processes]
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-                    process.communicate()
-    for process, output in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, output
+    for code, output in run_collective_ranks(script, [str(tmp_path), scenario, str(STEPS)]):
+        assert code == 0, output
     return [
         {name: torch.tensor(values) for name, values in
          json.loads((tmp_path / f"rank{rank}.json").read_text()).items()}
