@@ -1,16 +1,33 @@
-"""The rendezvous store of a keyed job, attacked from outside: an outsider that
-reaches the store's port finds none of the job's entries and cannot forge one."""
+"""The rendezvous stores of a job, attacked from outside.
+
+fleetfeed's own store (``CurveStore``, what every group of a job forms through
+under fleetrun or a cluster's launcher): an outsider completes no handshake, so
+it reads, writes, deletes and lists nothing, and what anyone can make the store
+hold is bounded. Under another launcher's torchrun the ranks can only use its
+agent's TCPStore (``KeyedStore``): an outsider there finds none of the job's
+entries and cannot forge or replay one.
+"""
 
 from __future__ import annotations
 
 import datetime
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+import wire_fuzz
 from support import reserved_ports
 
-from trainer.job.bind import KeyedStore, bound_store
+from trainer.job import store as store_module
+from trainer.job.bind import KeyedStore
 from trainer.job.errors import WorkerFailedError
+from trainer.job.store import CurveStore
 
 KEY = "store-tests-job-key-0123456789abcdef"
 TIMEOUT = datetime.timedelta(seconds=5)
@@ -20,7 +37,7 @@ TIMEOUT = datetime.timedelta(seconds=5)
 def stores():
     """The job's keyed view of a store on 127.0.0.1, and an outsider's plain client."""
     with reserved_ports(1) as (port,):
-        server = bound_store("127.0.0.1", port, None, True, TIMEOUT)
+        server = dist.TCPStore("127.0.0.1", port, None, True, TIMEOUT)
         outsider = dist.TCPStore("127.0.0.1", port, None, False, TIMEOUT)
         yield KeyedStore(server, KEY), outsider, server
 
@@ -126,3 +143,212 @@ def test_a_value_from_another_attempt_is_refused(stores):
     outsider.get(second._name("rank0/address"))  # landed
     with pytest.raises(WorkerFailedError, match="or by another attempt of the job"):
         second.get("rank0/address")
+
+
+# -- fleetfeed's own store: CurveStore -----------------------------------------------
+
+
+@pytest.fixture
+def curve_store():
+    """A CurveStore served in this process on 127.0.0.1, and its port."""
+    with reserved_ports(1) as (port,):
+        server = CurveStore("127.0.0.1", port, KEY, True, TIMEOUT)
+        try:
+            yield server, port
+        finally:
+            server.close()
+
+
+def test_the_curve_store_keeps_tcpstores_semantics(curve_store):
+    server, port = curve_store
+    client = CurveStore("127.0.0.1", port, KEY, False, TIMEOUT)
+    try:
+        server.set("rank0/address", b"10.0.0.1:4000")
+        assert client.get("rank0/address") == b"10.0.0.1:4000"
+        assert client.add("members", 1) == 1 and server.add("members", 2) == 3
+        assert client.get("members") == b"3"  # a counter reads as its decimal text
+        assert client.compare_set("leader", "", b"rank0") == b"rank0"  # absent: set
+        assert client.compare_set("leader", b"rank1", b"rank2") == b"rank0"  # unchanged
+        assert client.compare_set("absent", b"x", b"y") == b"x"  # TCPStore's answer
+        assert not client.check(["absent"])
+        assert client.multi_get(["leader", "members"]) == [b"rank0", b"3"]
+        assert client.num_keys() == 3
+        assert client.delete_key("leader") and not client.delete_key("leader")
+        assert not client.check(["leader"]) and client.check(["members", "rank0/address"])
+        with pytest.raises(dist.DistStoreError, match="timed out after 0.3s"):
+            client.wait(["never"], datetime.timedelta(seconds=0.3))
+        with pytest.raises(dist.DistStoreError, match="not a counter"):
+            client.add("rank0/address", 1)
+    finally:
+        client.close()
+
+
+def test_a_get_waits_for_the_value_another_process_sets(curve_store):
+    server, port = curve_store
+    setter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import datetime, time
+        from trainer.job.store import CurveStore
+        time.sleep(0.5)
+        store = CurveStore("127.0.0.1", {port}, {KEY!r}, False, datetime.timedelta(seconds=30))
+        store.set("late", b"arrived")
+        store.close()
+    """)])
+    try:
+        assert server.get("late") == b"arrived"
+    finally:
+        assert setter.wait(timeout=60) == 0
+
+
+def test_a_peer_without_the_key_reaches_no_entry(curve_store):
+    """Another job's key, the right key of another attempt, and torch's own
+    TCPStore client: none of them reads, writes, lists or deletes anything."""
+    server, port = curve_store
+    server.set("rank0/address", b"10.0.0.1:4000")
+    short = datetime.timedelta(seconds=1)
+    others = [
+        CurveStore("127.0.0.1", port, "another-jobs-key-0123456789", False, short),
+        CurveStore("127.0.0.1", port, KEY, False, short, attempt=1),
+    ]
+    try:
+        for other in others:
+            with pytest.raises(dist.DistStoreError, match="did not answer"):
+                other.delete_key("rank0/address")
+            with pytest.raises(dist.DistStoreError, match="did not answer"):
+                other.set("rank0/address", b"6.6.6.6:4000")
+    finally:
+        for other in others:
+            other.close()
+    with pytest.raises(Exception):  # noqa: B017 - torch raises several types here
+        outsider = dist.TCPStore("127.0.0.1", port, None, False, short)
+        outsider.list_keys()
+    assert server.get("rank0/address") == b"10.0.0.1:4000" and server.num_keys() == 1
+
+
+def test_what_a_key_holder_can_make_the_store_hold_is_bounded(curve_store, monkeypatch):
+    server, _ = curve_store
+    value = b"x" * (1 << 20)
+    written = 0
+    with pytest.raises(dist.DistStoreError, match="would pass its limit of 67108864"):
+        for i in range(100):
+            server.set(f"flood/{i}", value)
+            written += 1
+    assert written == 63  # 64 MiB, names included, is the bound
+    assert server.get("flood/0") == value  # what it holds stays readable
+    for i in range(written):
+        assert server.delete_key(f"flood/{i}")
+    server.set("after/the/flood", b"fits again")
+    monkeypatch.setattr(store_module, "MAX_ENTRIES", 5)
+    for i in range(4):
+        server.set(f"entry/{i}", b"")
+    with pytest.raises(dist.DistStoreError, match="maximum of 5 entries"):
+        server.set("entry/4", b"")
+    with pytest.raises(dist.DistStoreError, match="at most 4096 characters"):
+        server.get("n" * 4097)
+
+
+_STORE_HOST = textwrap.dedent("""
+    import datetime, json, os, sys
+    from trainer.job.store import CurveStore
+    store = CurveStore("127.0.0.1", int(sys.argv[1]), sys.argv[2], True,
+                       datetime.timedelta(seconds=30))
+    print(json.dumps({"pid": os.getpid()}), flush=True)
+    sys.stdin.read()
+    store.close()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_store_flood_costs_its_host_little(tmp_path):
+    """An outsider's 20 connections announcing 2 GiB each, and a key holder
+    writing until refused: rank 0, which serves the store, grows by what the
+    bounds allow and keeps serving. (TCPStore grew by 364 MB for 350 MiB.)"""
+    with reserved_ports(1) as (port,), open(tmp_path / "host.log", "wb") as log:
+        host = subprocess.Popen(
+            [sys.executable, "-c", _STORE_HOST, str(port), KEY],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+        )
+        target = wire_fuzz.Target(host, f"127.0.0.1:{port}", tmp_path / "host.log")
+        try:
+            assert json.loads(host.stdout.readline())["pid"] == host.pid
+            job = CurveStore("127.0.0.1", port, KEY, False, TIMEOUT)
+            job.set("rank0/address", b"10.0.0.1:4000")
+            before = target.rss_mib()
+            connections, _ = wire_fuzz.open_announcing_connections(
+                "127.0.0.1", port, count=20, announced=2**31, payload_bytes=16 << 20
+            )
+            try:
+                outsider_peak = target.rss_mib()
+                assert job.get("rank0/address") == b"10.0.0.1:4000"
+            finally:
+                for sock in connections:
+                    sock.close()
+            with pytest.raises(dist.DistStoreError, match="would pass its limit"):
+                for i in range(200):
+                    job.set(f"flood/{i}", b"y" * (1 << 20))
+            holder_peak = target.rss_mib()
+            assert job.get("rank0/address") == b"10.0.0.1:4000"
+            job.close()
+            assert target.alive(), target.log()[-3000:]
+        finally:
+            target.stop()
+            host.stdout.close()
+    assert outsider_peak - before <= 64, (before, outsider_peak)
+    # 64 MiB of entries, plus the transient copies of the last message or two.
+    assert holder_peak - before <= 64 + 32, (before, holder_peak)
+
+
+def _greeting_mechanism(port: int) -> bytes:
+    """The security mechanism a ZMTP server on ``port`` announces (its greeting)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(wire_fuzz.ZMTP_CURVE_GREETING)
+        greeting = b""
+        while len(greeting) < 64:
+            chunk = sock.recv(64 - len(greeting))
+            if not chunk:
+                break
+            greeting += chunk
+    return greeting[12:32].rstrip(b"\0")
+
+
+@pytest.mark.distributed
+def test_fleetruns_torchrun_agent_serves_the_bounded_store(tmp_path):
+    """``fleetrun --nproc_per_node``: the port the ranks rendezvous on speaks
+    CURVE (the agent serves a CurveStore, not a TCPStore), and the group forms."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time, torch
+        from trainer import fleet
+        fleet.init(is_collective=True)
+        flag = sys.argv[1]
+        if fleet.worker_index() == 0:
+            open(flag + ".ready", "w").close()
+        while not os.path.exists(flag + ".go"):
+            time.sleep(0.05)
+        total = fleet.util.all_reduce(torch.tensor([1.0]), "sum")
+        with open(f"{flag}.{fleet.worker_index()}", "w") as out:
+            out.write(str(int(total.item())))
+    """))
+    flag = str(tmp_path / "flag")
+    with reserved_ports(1) as (port,):
+        job = subprocess.Popen(
+            [sys.executable, "-m", "trainer.job.launch", "--nproc_per_node=2",
+             f"--master_port={port}", "--log_dir", str(tmp_path / "logs"), str(script), flag],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not Path(flag + ".ready").exists():
+                assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+                time.sleep(0.1)
+            assert _greeting_mechanism(port) == b"CURVE"
+            with pytest.raises(Exception):  # noqa: B017 - torch raises several types here
+                dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=1))
+            Path(flag + ".go").touch()
+            output = job.communicate(timeout=120)[0]
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.communicate()
+    assert job.returncode == 0, output
+    assert [Path(f"{flag}.{rank}").read_text() for rank in (0, 1)] == ["2", "2"], output

@@ -36,7 +36,7 @@ logger = logging.getLogger("trainer.collective")
 
 DEFAULT_TIMEOUT = 300.0
 _timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT)
-# The group's store, held here: a store written in Python (KeyedStore) is only
+# The group's store, held here: a store written in Python (CurveStore) is only
 # reachable from torch's C++ side while its Python object lives.
 _store: dist.Store | None = None
 
@@ -59,9 +59,9 @@ def init_collective(
         local_rank: the GPU this process uses (NCCL only).
         backend: ``"gloo"`` or ``"nccl"``; default NCCL when CUDA is available,
             else gloo.
-        job_key: the job's key: the rendezvous store then hides and signs the
-            job's entries (``trainer.job.bind.KeyedStore``). Without one, a
-            group across hosts needs ``FLEETFEED_INSECURE=1``.
+        job_key: the job's key: the rendezvous store (``trainer.job.store``)
+            then admits only the job's processes. Without one, the group needs
+            ``FLEETFEED_INSECURE=1``.
 
     Returns:
         The backend used.
@@ -122,6 +122,8 @@ def destroy(wait_for_peers: bool = True) -> None:
             barrier()
     finally:
         dist.destroy_process_group()
+        if hasattr(_store, "close"):
+            _store.close()
         _store = None
         # Free finished work objects and dead wrappers now: gloo objects that
         # outlive the interpreter's finalization abort the process at exit.

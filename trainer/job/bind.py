@@ -1,92 +1,42 @@
-"""Rendezvous stores that listen on the job's own address, not on every interface.
+"""Which store a job's process group forms through.
 
-``torch.distributed``'s TCPStore server binds to all interfaces (``::``)
-whatever host it is given, so a single-machine job started on 127.0.0.1 would
-still accept connections from the network on its rendezvous port. Here the
-store's listening socket is bound first, to the address of the endpoint's host
-(127.0.0.1 for a single-machine job), and handed to the store
-(``master_listen_fd``). Used by:
+A job of fleetfeed's forms its groups (the collective job's, the parameter-server
+workers' gloo group) through ``trainer.job.store.CurveStore``: the store on the
+job's authenticated channel, served by rank 0, or by fleetrun's torchrun agent
+when torchrun started the ranks (``python -m trainer.job.bind ...``, what
+``fleetrun --nproc_per_node`` runs: ``torch.distributed.run`` whose agent serves
+a ``CurveStore`` on ``--master_addr:--master_port`` instead of a TCPStore, and
+tells its ranks so in ``FLEETFEED_AGENT_STORE``).
 
-- the ``fleetfeed-tcp://host:port`` rendezvous (registered on import): the
-  collective process group (``trainer.collective``), which is also the
-  workers' gloo group of a parameter-server job (``trainer.fleet``);
-- ``python -m trainer.job.bind ...`` (what ``fleetrun --nproc_per_node`` runs):
-  ``torch.distributed.run`` with its agent's store bound the same way.
-
-Under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) every rank is a client of the
-agent's store, as with torch's own ``tcp://`` rendezvous.
-
-A job with a key (``trainer.job.keys``) reaches the store only through
-``KeyedStore``: every name lies under a prefix derived from the key and the
-attempt, and every value is sealed: encrypted and authenticated with keys
-derived from the job key and the attempt (``--max_restarts``), so an outsider
-who reaches the port (and torch's ``list_keys`` shows it every name) can read
-no value, forge none, and replay none from one attempt into the next. What it
-can still do is in SECURITY.md: fill the store, or disturb torchrun's own
-agent keys; TCPStore has no quota and no authentication of its own.
+Under another launcher's torchrun (``TORCHELASTIC_USE_AGENT_STORE`` without
+``FLEETFEED_AGENT_STORE``) the ranks can only be clients of that agent's
+TCPStore. There every name lies under a prefix derived from the key and the
+attempt and every value is sealed (``KeyedStore``), so whoever reaches the port
+reads, forges and replays no value; it can still fill or empty that store
+(SECURITY.md). ``fleetrun`` runs the same scripts with the bounded store.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import hmac
 import os
-import socket
 import sys
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
-from torch.distributed.rendezvous import register_rendezvous_handler
 
 from .errors import WorkerFailedError
-from .keys import derive
+from .keys import derive, read_job_key, require_key_or_insecure
+from .store import CurveStore
 
-__all__ = ["SCHEME", "KeyedStore", "bound_store", "main", "rendezvous_store"]
+__all__ = ["AGENT_STORE_ENV", "KeyedStore", "main", "rendezvous_store"]
 
-SCHEME = "fleetfeed-tcp"
+# Set by fleetrun's torchrun agent for its ranks: its store is a CurveStore.
+AGENT_STORE_ENV = "FLEETFEED_AGENT_STORE"
+_CURVE = "curve"
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
-
-
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host``'s address (not every interface), listening."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(socket.SOMAXCONN)
-    except OSError as error:
-        sock.close()
-        raise OSError(
-            error.errno,
-            f"cannot listen on {host}:{port} for the job's rendezvous: {error.strerror}",
-        ) from error
-    return sock
-
-
-def bound_store(
-    host: str,
-    port: int,
-    world_size: int | None,
-    is_master: bool,
-    timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
-    **options: Any,
-) -> dist.TCPStore:
-    """A TCPStore at ``host:port``; the server (``is_master``) listens on
-    ``host``'s address only. Other arguments are TCPStore's."""
-    if not is_master:
-        return dist.TCPStore(host, port, world_size, False, timeout, **options)
-    options.pop("multi_tenant", None)  # one server per process here
-    options.pop("use_libuv", None)  # master_listen_fd needs the libuv server
-    sock = _listening_socket(host, port)
-    return dist.TCPStore(
-        host, port, world_size, True, timeout, master_listen_fd=sock.detach(), use_libuv=True
-    )
 
 
 _SIV_BYTES = 32
@@ -210,43 +160,33 @@ def rendezvous_store(
     host: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta,
     key: str | None,
 ) -> dist.Store:
-    """The store of a job's rendezvous at ``host:port``: rank 0 serves it (bound to
-    ``host``) unless torchrun's agent does; ``KeyedStore`` when the job has a key."""
+    """The store of a job's rendezvous at ``host:port``: a ``CurveStore`` that
+    rank 0 serves (fleetrun's torchrun agent does, under it); under another
+    launcher's torchrun agent, a client of its TCPStore, keyed (``KeyedStore``)."""
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = bound_store(host, port, world_size, rank == 0 and not agent_store, timeout)
-    return store if key is None else KeyedStore(store, key)
+    if agent_store and os.environ.get(AGENT_STORE_ENV) != _CURVE:
+        store = dist.TCPStore(host, port, world_size, False, timeout)
+        return store if key is None else KeyedStore(store, key)
+    return CurveStore(host, port, key, rank == 0 and not agent_store, timeout, _attempt())
 
 
-def _handler(
-    url: str, timeout: datetime.timedelta = _DEFAULT_TIMEOUT, **_kwargs: Any
-) -> Iterator[Any]:
-    """``fleetfeed-tcp://host:port?rank=R&world_size=N``: torch's ``tcp://``,
-    with the store's server bound to ``host``."""
-    parsed = urlparse(url)
-    query = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
-    if parsed.hostname is None or parsed.port is None:
-        raise ValueError(f"{SCHEME}:// rendezvous needs host:port, got {url!r}")
-    if "rank" not in query or "world_size" not in query:
-        raise ValueError(f"{SCHEME}:// rendezvous needs a rank and a world size, got {url!r}")
-    rank, world_size = int(query["rank"]), int(query["world_size"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    is_master = rank == 0 and not agent_store
-    store = bound_store(parsed.hostname, parsed.port, world_size, is_master, timeout)
-    yield (store, rank, world_size)
-    raise RuntimeError(f"Unable to perform re-rendezvous using {SCHEME}:// method")
-
-
-# RuntimeError: registered already (this module run as __main__ and imported).
-with contextlib.suppress(RuntimeError):
-    register_rendezvous_handler(SCHEME, _handler)
+def _agent_store(
+    host: str, port: int, world_size: int | None, is_master: bool,
+    timeout: datetime.timedelta = _DEFAULT_TIMEOUT, **_options: Any,
+) -> dist.Store:
+    """What torchrun's static rendezvous builds in place of its TCPStore."""
+    key = read_job_key()
+    require_key_or_insecure(key, [f"{host}:{port}"], "torchrun's agent store")
+    return CurveStore(host, port, key, is_master, timeout, _attempt())
 
 
 def main() -> None:
-    """``torch.distributed.run`` whose agent store listens on ``--master_addr`` only."""
+    """``torch.distributed.run`` whose agent's store is a ``CurveStore``."""
     from torch.distributed import run
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
 
-    static_tcp_rendezvous.TCPStore = bound_store  # type: ignore[assignment, misc]
+    static_tcp_rendezvous.TCPStore = _agent_store  # type: ignore[assignment, misc]
+    os.environ[AGENT_STORE_ENV] = _CURVE  # the ranks inherit it
     sys.argv[0] = "torchrun"
     run.main()
 

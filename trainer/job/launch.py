@@ -642,7 +642,7 @@ def _run_collective(args: argparse.Namespace, gpus: list[str] | None) -> int:
     if gpus is not None:  # torchrun hands rank i the i-th of these
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun warns and sets it otherwise
-    # The ranks' store entries are keyed with it (trainer.job.bind.KeyedStore).
+    # The ranks form their group through a store only it opens (trainer.job.store).
     several_hosts = str(args.nnodes) != "1" or not keys.is_loopback(args.master_addr)
     env[keys.KEY_ENV] = _job_key(f"--master_addr {args.master_addr}" if several_hosts else None)
     process = subprocess.Popen(command, env=env, start_new_session=True)

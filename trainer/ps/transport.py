@@ -189,12 +189,13 @@ class CurveKeys:
     worker_secret: bytes
 
     @classmethod
-    def from_job_key(cls, key: str | None) -> CurveKeys | None:
-        """The key pairs of a job key (None without one: NULL mechanism)."""
+    def from_job_key(cls, key: str | None, use: str = "ps") -> CurveKeys | None:
+        """The key pairs of a job key for one ``use`` (the parameter servers',
+        ``"ps"``, or a rendezvous store's); None without a key: NULL mechanism."""
         if key is None:
             return None
-        server_secret = z85.encode(derive(key, "ps/curve/server"))
-        worker_secret = z85.encode(derive(key, "ps/curve/worker"))
+        server_secret = z85.encode(derive(key, f"{use}/curve/server"))
+        worker_secret = z85.encode(derive(key, f"{use}/curve/worker"))
         return cls(
             zmq.curve_public(server_secret), server_secret,
             zmq.curve_public(worker_secret), worker_secret,
@@ -272,15 +273,18 @@ class ServerEndpoint:
         handlers: operation name -> function (``wire.OPS`` names).
         threads: handler threads.
         name: how log lines name this server.
+        ops: the operations' signatures its messages are checked against
+            (``wire.OPS``, the parameter server's, unless given).
     """
 
     def __init__(
         self, endpoint: str, keys: CurveKeys | None, handlers: dict[str, Handler],
-        threads: int, name: str,
+        threads: int, name: str, ops: dict[str, tuple[Any, ...]] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
         self._handlers = handlers
+        self._ops = wire.OPS if ops is None else ops
         _raise_open_file_limit(name)
         self._context = zmq.Context()
         self._refusals = _RefusalLog()
@@ -352,7 +356,7 @@ class ServerEndpoint:
             self._refuse(routing, message, err)
             return
         try:
-            args = wire.check_args(header.get("op"), body)
+            args = wire.check_args(header.get("op"), body, self._ops)
         except wire.ProtocolError as err:
             err.request_id = header["id"]
             self._refuse(routing, message, err)
@@ -592,7 +596,12 @@ class ServerSet:
         self, index: int, func: Callable[..., Any], *args: Any, timeout: float | None = None
     ) -> concurrent.futures.Future:
         """Sends ``func(*args)`` to server ``index``; its future result."""
-        op = func.__name__
+        return self.request(index, func.__name__, *args, timeout=timeout)
+
+    def request(
+        self, index: int, op: str, *args: Any, timeout: float | None = None
+    ) -> concurrent.futures.Future:
+        """Sends operation ``op`` with ``args`` to server ``index``; its future result."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         future.op = op

@@ -427,15 +427,19 @@ OPS: dict[str, tuple[Any, ...]] = {
 }
 
 
-def check_args(op: Any, args: Any) -> list[Any]:
-    """``args`` as ``op`` takes them (lists become tuples where a pair is expected).
+def check_args(
+    op: Any, args: Any, ops: dict[str, tuple[Any, ...]] | None = None
+) -> list[Any]:
+    """``args`` as ``op`` takes them (lists become tuples where a pair is expected),
+    ``op`` one of ``ops`` (the parameter server's ``OPS`` unless given).
 
     Raises:
         ProtocolError: an unknown operation, or arguments of other kinds.
     """
-    if not isinstance(op, str) or op not in OPS:
-        raise ProtocolError(f"expected an operation in {sorted(OPS)}, found {op!r:.80}")
-    signature = OPS[op]
+    ops = OPS if ops is None else ops
+    if not isinstance(op, str) or op not in ops:
+        raise ProtocolError(f"expected an operation in {sorted(ops)}, found {op!r:.80}")
+    signature = ops[op]
     if not isinstance(args, list) or len(args) != len(signature):
         raise ProtocolError(
             f"{op}: expected {len(signature)} arguments, found "
