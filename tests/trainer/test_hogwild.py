@@ -116,6 +116,74 @@ def test_other_optimizers_and_modes_are_refused_with_the_supported_ones():
     assert SUPPORTED_OPTIMIZERS == ("SGD", "Adagrad", "Adam", "AdamW")
 
 
+class SparseGradientModel(nn.Module):
+    """ctr_batches' model with a torch EmbeddingBag(sparse=True): sparse gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.emb = nn.EmbeddingBag(200, 4, mode="sum", sparse=True)
+        self.out = nn.Linear(5, 1)
+
+    def forward(self, batch: dict) -> dict:
+        ids = batch["ids"]
+        pooled = self.emb(ids.values - 10**12, ids.offsets[:-1])
+        logit = self.out(torch.cat([pooled, batch["dense"]], 1)).squeeze(1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logit, batch["label"])
+        return {"loss": loss, "prob": torch.sigmoid(logit)}
+
+
+# torch's Adagrad warns so on its sparse path, once a process, under any loop.
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")
+@pytest.mark.parametrize("cls", [torch.optim.Adagrad, torch.optim.SGD])
+def test_sparse_gradients_take_torchs_own_step(cls):
+    """torch applies an Embedding(sparse=True)'s sparse gradient with Adagrad or
+    SGD; train_from_dataset's foreach update did not (a crash at the first step)."""
+    batches = ctr_batches(500, seed=1)
+    reference, trained = SparseGradientModel(), SparseGradientModel()
+    optimizer = cls(reference.parameters(), lr=0.1)
+    for batch in batches:
+        optimizer.zero_grad()
+        reference(batch)["loss"].backward()
+        optimizer.step()
+    summary = Executor().train_from_dataset(
+        trained, batches, cls(trained.parameters(), lr=0.1), thread=1, fetch_list=[]
+    )
+    assert summary.batches == len(batches)
+    for a, b in zip(reference.parameters(), trained.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")
+def test_hogwild_steps_sparse_gradients_one_at_a_time_unless_plain_sgd(caplog):
+    with caplog.at_level(logging.WARNING, logger="trainer.executor"):
+        model = SparseGradientModel()
+        summary = Executor().train_from_dataset(
+            model, ctr_batches(500, seed=1), torch.optim.Adagrad(model.parameters(), lr=0.1),
+            thread=2, fetch_list=[], hogwild=True,
+        )
+    assert summary.batches == 10
+    assert "'emb' (EmbeddingBag) make sparse gradients" in summary.hogwild_fallback
+    assert "step one at a time" in caplog.text
+    model = SparseGradientModel()
+    summary = Executor().train_from_dataset(
+        model, ctr_batches(500, seed=1), torch.optim.SGD(model.parameters(), lr=0.1),
+        thread=2, fetch_list=[], hogwild=True,
+    )
+    assert summary.batches == 10 and summary.hogwild_fallback is None
+    # ...whose lock-free update of a sparse gradient is torch's step, bit for bit.
+    reference, hogwild = SparseGradientModel(), SparseGradientModel()
+    torch_sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    update = DenseUpdate(torch.optim.SGD(hogwild.parameters(), lr=0.1))
+    for batch in ctr_batches(200, seed=2):
+        torch_sgd.zero_grad()
+        reference(batch)["loss"].backward()
+        torch_sgd.step()
+        update.apply(torch.autograd.grad(hogwild(batch)["loss"], update.params))
+    for a, b in zip(reference.parameters(), hogwild.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 # -- train_from_dataset(thread=N) ------------------------------------------------------------
 
 

@@ -295,11 +295,12 @@ _updates_lock = threading.Lock()
 
 def step_from_grads(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.step()``: the same values, in foreach ops when ``DenseUpdate``
-    supports the optimizer and nothing else expects ``step()`` to run (step
-    hooks, an instance-level ``step`` other than an lr scheduler's counter);
-    else ``optimizer.step()`` itself."""
+    supports the optimizer, no gradient is sparse, and nothing else expects
+    ``step()`` to run (step hooks, an instance-level ``step`` other than an lr
+    scheduler's counter); else ``optimizer.step()`` itself."""
     update = _update_for(optimizer)
-    if update is None:
+    if update is None or any(p.grad is not None and p.grad.is_sparse for p in update.params):
+        # sparse gradients (nn.Embedding(sparse=True)): torch's own rule for them
         started = time.perf_counter()
         optimizer.step()
         step_clock.add_optimizer(time.perf_counter() - started)

@@ -127,6 +127,33 @@ class HogwildStep:
             stores.local_store().push_pending()
 
 
+def sparse_gradient_reason(model: Any, update: DenseUpdate) -> str | None:
+    """Why the lock-free update cannot train ``model``: its embeddings with
+    ``sparse=True`` make sparse gradients, which only plain SGD (no momentum,
+    no weight decay) applies lock-free; None when nothing stands in the way."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    trained = {id(p) for p in update.params if p.requires_grad}
+    names = [
+        f"'{name}' ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+        and module.sparse and id(module.weight) in trained
+    ]
+    plain_sgd = update.kind == "sgd" and all(
+        group["momentum"] == 0 and group["weight_decay"] == 0
+        for group in update.optimizer.param_groups
+    )
+    if not names or plain_sgd:
+        return None
+    return (
+        f"cannot train Hogwild threads: {', '.join(names)} make sparse gradients "
+        f"(sparse=True), which the lock-free {type(update.optimizer).__name__} update "
+        "does not take (only SGD without momentum or weight decay does); torch's own "
+        "step applies them. For lock-free steps make the table a trainer.nn.SparseEmbedding"
+    )
+
+
 def collision_warning(model: Any, params: Sequence[torch.Tensor]) -> str | None:
     """What tells the user that Hogwild trainers will overwrite each other's
     updates of ``model``'s dense embedding tables (those of ``params``, the

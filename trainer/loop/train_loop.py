@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .dense_update import clear_grads, step_from_grads
-from .hogwild import HogwildStep, collision_warning
+from .hogwild import HogwildStep, collision_warning, sparse_gradient_reason
 from .run_summary import RunSummary
 from .step_clock import thread_totals
 
@@ -98,6 +98,10 @@ class DatasetPass:
         model, and a reason logged once would leave later calls silent."""
         try:
             self.hogwild = HogwildStep(optimizer)
+            reason = sparse_gradient_reason(self.model, self.hogwild.update)
+            if reason is not None:
+                self.hogwild = None
+                raise ValueError(reason)
         except ValueError as error:
             self.hogwild_fallback = f"{error}: training threads step one at a time"
             logger.warning(self.hogwild_fallback)
