@@ -127,6 +127,7 @@ bench-paddle-ps: $(PADDLE_PS_VENV)/.installed
 # fleetfeed's PS and Paddle 3.0.0's side by side: benchmarks/results/ps.md.
 bench-ps: $(STAMP) $(PADDLE_PS_VENV)/.installed
 	$(PY) benchmarks/bench_ps.py --paddle --paddle-python $(PADDLE_PS_VENV)/bin/python --repeats 3
+	$(PY) benchmarks/quote_results.py
 
 # Each script replaces its own section of benchmarks/RESULTS.md.
 PADDLE_PY = $(if $(wildcard $(PADDLE_VENV)/bin/python),$(PADDLE_VENV)/bin/python,none)
@@ -138,6 +139,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/faults.py
 	$(PY) benchmarks/bench_global_shuffle.py
+	$(PY) benchmarks/quote_results.py
 
 clean:
 	rm -rf build *.egg-info

@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import results_file
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "benchmarks" / "data" / "ps"
 RESULTS = REPO / "benchmarks" / "results" / "ps.md"
@@ -378,6 +380,7 @@ def main() -> None:
         parser.error(f"--paddle needs Paddle 3.0.0's interpreter at {args.paddle_python} "
                      "(make bench-paddle-ps builds it)")
 
+    load_before = results_file.load_average()
     files = ensure_data(args.records)
     paddle_files, vocab = paddle_data(files) if args.paddle else ([], 0)
     runs: dict[tuple[str, str], list[list[dict]]] = {}
@@ -417,22 +420,36 @@ def main() -> None:
             f"Adagrad rule lr {args.paddle_sparse_lr}, initial_g2sum {args.paddle_initial_g2sum}."
             if args.paddle else ""
         )
-        # Hand-written notes below the marker survive a rerun.
-        old = RESULTS.read_text() if RESULTS.exists() else ""
-        notes = old[old.index(NOTES_MARKER):] if NOTES_MARKER in old else NOTES_MARKER + "\n"
         RESULTS.write_text(
             "# Parameter server: 1 server + 2 workers\n\n"
             f"wide&deep (sparse dim {args.dim} + 1, Adagrad lr {args.lr} on the sparse tables, "
             f"dense MLP with Adam lr {args.dense_lr}), {args.records:,} Criteo-layout records "
             f"per worker x {args.epochs} epochs, batch {args.batch_size}, median over "
-            f"{args.repeats} run(s) x 2 workers, "
-            f"`python benchmarks/bench_ps.py{' --paddle' if args.paddle else ''} "
-            f"--repeats {args.repeats}`. The machine's 2 cores are shared by the 3 processes "
-            f"(and anything else running).{paddle_note}\n\n" + table + "\n\n" + notes
+            f"{args.repeats} run(s) x 2 workers, `{results_file.command()}` at "
+            f"{results_file.commit()}, 1-minute load average {load_before:.2f} before the "
+            f"runs. The machine's 2 cores are shared by the 3 processes "
+            f"(and anything else running).{paddle_note}\n\n" + table + "\n\n"
+            + ("## How Paddle's side is set up\n\n" + PADDLE_METHOD + "\n" if args.paddle else "")
         )
 
 
-NOTES_MARKER = "<!-- notes below are hand-written; bench_ps.py keeps them -->"
+# What the Paddle job is (benchmarks/paddle_ps.py), written with every run.
+PADDLE_METHOD = """\
+The same model as a static graph (old IR, `FLAGS_enable_pir_api=0`),
+`paddle.static.nn.embedding(is_sparse=True)` tables on the server,
+`exe.train_from_dataset` timed per epoch, 1 server + 2 workers started with
+Paddle's environment variables; the workers wait for the server's port
+themselves before `init_worker()` (Paddle 3.0.0's do not), and the driver stops
+the server once both workers are done (it never stops on its own). Optimizers:
+Adam on the dense parameters on both sides (Paddle's servers take only SGD or
+Adam there); Adagrad on the sparse tables: torch's per-coordinate Adagrad in
+fleetfeed, Paddle's `SparseAdaGradSGDRule` (one g2sum per row) in Paddle, whose
+lr and initial_g2sum were picked by held-out AUC after async training. Paddle's
+GEO workers train their local copies with the program's own optimizer (Adam),
+fleetfeed's with the tables' Adagrad. Paddle's sync mode crashes (`SIGSEGV` in
+`SendBarrierOp::RunImpl`, from `HogwildWorker::TrainFiles`) during the first
+`train_from_dataset`; the benchmark stops trying it after the first failure.
+"""
 
 
 def paddle_failure(message: str) -> str:
