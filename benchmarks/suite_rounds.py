@@ -29,6 +29,8 @@ from results_file import command, commit, load_average
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SUMMARY = re.compile(r"=+ (?P<counts>.*?) in (?P<seconds>[\d.]+)s")
+DURATION = re.compile(r"^(?P<seconds>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<test>\S+)", re.M)
+SLOWEST = 15  # the tests listed per round, slowest first
 
 
 def _busy_loops(count: int) -> list[subprocess.Popen]:
@@ -39,7 +41,8 @@ def _busy_loops(count: int) -> list[subprocess.Popen]:
 
 
 def _round(args: argparse.Namespace, seed: int) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           f"--durations={SLOWEST}"]
     cmd += [f"--randomly-seed={seed}"] if args.random_order else ["-p", "no:randomly"]
     if args.quick:
         cmd += ["-m", "not slow and not distributed"]
@@ -68,6 +71,8 @@ def _round(args: argparse.Namespace, seed: int) -> dict:
     return {
         "seed": seed if args.random_order else "-", "ok": ok, "hung": hung, "wall": wall,
         "returncode": process.returncode, "counts": counts, "failed": failed,
+        "slowest": [(float(m["seconds"]), m["phase"], m["test"])
+                    for m in DURATION.finditer(output)],
         "tail": output[-3000:],
     }
 
@@ -141,6 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     for index, r in enumerate(rounds, 1):
         if r["failed"]:
             lines.append(f"\nRound {index} failed: " + ", ".join(f"`{t}`" for t in r["failed"]))
+    slowest = rounds[-1]["slowest"]
+    if slowest:
+        lines += [
+            "", f"Where the last round's time went: its {len(slowest)} slowest test phases "
+            f"(pytest --durations), {sum(t for t, _, _ in slowest):.0f} s of "
+            f"{rounds[-1]['wall']:.0f} s.", "",
+            "| seconds | phase | test |", "|---:|---|---|",
+            *(f"| {t:.1f} | {phase} | `{test}` |" for t, phase, test in slowest),
+        ]
     RESULTS_DIR.mkdir(exist_ok=True)
     path = RESULTS_DIR / f"{name}.md"
     path.write_text("\n".join(lines) + "\n")

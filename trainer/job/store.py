@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..ps import transport
+from .errors import ServerCallError, ServerUnavailableError
 
 __all__ = ["MAX_ENTRIES", "MAX_STORE_BYTES", "MAX_WAITERS", "STORE_OPS", "CurveStore"]
 
@@ -58,6 +59,8 @@ STORE_OPS: dict[str, tuple[Any, ...]] = {
 }
 # Seconds a call may take beyond its own wait, for the round trip.
 _SLACK_S = 10.0
+# Seconds between the server's looks for blocked calls whose time is up.
+_REAP_S = 0.1
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:
@@ -84,6 +87,17 @@ class _Entries:
         self._values: dict[str, bytes] = {}
         self._bytes = 0
         self._waiters: list[tuple[float, frozenset[str], Future]] = []
+        # Blocked calls whose time is up are answered with a timeout by this
+        # thread (at most _REAP_S late), not left to the caller's own deadline.
+        self._closed = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="store-reaper", daemon=True)
+        self._reaper.start()
+
+    def _reap(self) -> None:
+        while not self._closed.wait(_REAP_S):
+            with self._lock:
+                if self._waiters:
+                    self._wake()
 
     def _check_name(self, name: str) -> None:
         if len(name) > MAX_NAME_CHARS:
@@ -203,6 +217,7 @@ class _Entries:
             return len(self._values)
 
     def fail_waiters(self) -> None:
+        self._closed.set()
         with self._lock:
             for _, _, future in self._waiters:
                 future.set_exception(ConnectionError("the rendezvous store closed"))
@@ -253,15 +268,21 @@ class CurveStore(dist.Store):
             return self._client.wait(
                 0, self._client.request(0, op, *args, timeout=wait_s + _SLACK_S), op
             )
-        except Exception as error:  # noqa: BLE001 - torch expects its store error type
-            text = str(error)
-            if "TimeoutError" in text or "no answer in time" in text:
+        except ServerUnavailableError as error:
+            raise dist.DistStoreError(
+                f"the rendezvous store at {self.endpoint} did not answer {op} within "
+                f"{wait_s + _SLACK_S:g}s: it is not serving (yet), it stopped, or this "
+                "process lacks the job's key for this attempt (FLEETFEED_JOB_KEY)"
+            ) from error
+        except ServerCallError as error:  # the server's handler raised
+            why = str(error).partition("failed the call: ")[2] or str(error)
+            if error.remote_type == "TimeoutError":
                 raise dist.DistStoreError(
                     f"the rendezvous store at {self.endpoint}: {op} timed out after "
-                    f"{wait_s:g}s ({text})"
+                    f"{wait_s:g}s ({args[0]!r} not set)"
                 ) from error
             raise dist.DistStoreError(
-                f"the rendezvous store at {self.endpoint}: {op} failed: {text}"
+                f"the rendezvous store at {self.endpoint} refused {op}: {why}"
             ) from error
 
     def _wait_ms(self, timeout: datetime.timedelta | None) -> tuple[int, float]:
