@@ -28,7 +28,11 @@ from results_file import command, commit, load_average
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SUMMARY = re.compile(r"=+ (?P<counts>.*?) in (?P<seconds>[\d.]+)s")
+# pytest's last line: "2 failed, 1192 passed, 1 skipped in 1545.49s (0:25:45)",
+# framed by "=" signs unless -q.
+SUMMARY = re.compile(
+    r"^=*\s*(?P<counts>\d+ \w+(?:, \d+ \w+)*) in (?P<seconds>[\d.]+)s", re.M
+)
 DURATION = re.compile(r"^(?P<seconds>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<test>\S+)", re.M)
 SLOWEST = 15  # the tests listed per round, slowest first
 

@@ -269,6 +269,7 @@ def saved(tmp_path: Path):
     """A checkpoint of a ThreeDense model with rows in both tables; yields
     (prefix, checkpoint dir). Tables are process-wide: cleared after."""
     prefix = f"vbc{next(_names)}"
+    stores.local_store().clear()  # pass 0, whatever ran before
     torch.manual_seed(0)
     model = ThreeDense(prefix)
     runtime = ParameterServerRuntime(ClusterRole.local(), None)

@@ -172,9 +172,10 @@ class LocalStore:
                 self.tables[name].push(ids, grads)
 
     def clear(self) -> None:
-        """Drops every table (tests; a fresh model)."""
+        """Drops every table and starts again at pass 0 (tests; a fresh model)."""
         with self._lock:
             self.tables.clear()
+            self.pass_id = 0
 
 
 # Each thread's last training pull of each local table (its row numbers).
