@@ -4,13 +4,12 @@ checkpoint written by N servers loads into M (re-sharded), values and optimizer
 state identical; a bad file is refused by every server before any changes.
 
 In-process tests build ``ParameterServer`` objects directly (no sockets). The
-jobs (``distributed``, ``slow``) use tests/trainer/test_ps.py's job script. What they
-run, to keep a 2-core machine's load down (a job takes 15-30 s there): 2 servers
-in sync, async and GEO; 3 servers in GEO. The one-server band they must fall in
-is centred on one process training on both workers' batches (the mean of the two
-losses per step): what sync mode computes, with one server value by value
-(tests/trainer/test_ps.py) and with two (here); async and GEO with one server train to
-within 0.03 of 1-server sync (tests/trainer/test_ps.py). Re-shard jobs: 2 -> 3 servers (async) and
+jobs (``distributed``, ``slow``) use tests/trainer/test_ps.py's job script: 2 and
+3 servers, each in sync, async and GEO (a job takes 15-30 s on a 2-core
+machine). Sync must equal one process training on both workers' batches (the
+mean of the two losses per step), with one server value by value
+(tests/trainer/test_ps.py) and with two (here); async and GEO train to bands
+measured from their spread (``JOB_AUC_BANDS``). Re-shard jobs: 2 -> 3 servers (async) and
 3 -> 1 (sync), each loading the previous checkpoint and saving it again; this
 file is their script (importing test_ps first puts the repository on sys.path).
 """
@@ -370,15 +369,31 @@ def local_sync_reference() -> Model:
     return model
 
 
+# Held-out AUC bands of the async and GEO jobs (they depend on how the two
+# workers' pushes interleave), each mean +- 4 sd of 12 jobs measured on a loaded
+# 2-core machine (the suite running beside, 2026-11-27):
+#   async, 2 servers: mean 0.8418, sd 0.0011, range 0.8403-0.8437
+#   async, 3 servers: mean 0.8421, sd 0.0013, range 0.8406-0.8446
+#   geo,   2 servers: mean 0.8370, sd 0.0024, range 0.8333-0.8399
+#   geo,   3 servers: mean 0.8365, sd 0.0021, range 0.8337-0.8394
+# Sync is deterministic: one process's AUC (below), to another CPU's rounding.
+JOB_AUC_BANDS = {
+    ("async", 2): (0.8374, 0.8462),
+    ("async", 3): (0.8369, 0.8472),
+    ("geo", 2): (0.8274, 0.8466),
+    ("geo", 3): (0.8280, 0.8450),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_every_mode_trains_to_one_servers_band(jobs):
+def test_every_mode_trains_to_its_band(jobs):
     one_server = auc(local_sync_reference(), batches(-1, 2000))
     stores.local_store().clear()
     aucs = {f"{mode}-{n}": r["auc"] for (mode, n), r in jobs.items()}
     assert one_server > 0.8
-    for result in jobs.values():
-        assert abs(result["auc"] - one_server) < 0.03, (one_server, aucs)
+    for (mode, servers), (low, high) in JOB_AUC_BANDS.items():
+        assert low <= jobs[mode, servers]["auc"] <= high, (mode, servers, aucs)
     for servers in (2, 3):  # sync computes the same with any number of servers
         assert jobs["sync", servers]["auc"] == pytest.approx(one_server, abs=1e-3), aucs
 
