@@ -10,12 +10,14 @@ entries and cannot forge or replay one.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -243,8 +245,130 @@ def test_what_a_key_holder_can_make_the_store_hold_is_bounded(curve_store, monke
         server.set(f"entry/{i}", b"")
     with pytest.raises(dist.DistStoreError, match="maximum of 5 entries"):
         server.set("entry/4", b"")
-    with pytest.raises(dist.DistStoreError, match="at most 4096 characters"):
-        server.get("n" * 4097)
+    # Names count in UTF-8 bytes (1,200 here for 600 characters), values to a frame.
+    with pytest.raises(dist.DistStoreError, match="at most 1024 bytes .UTF-8., found 1200"):
+        server.set("é" * 600, b"")
+    with pytest.raises(dist.DistStoreError, match="a value of at most 1048576 bytes"):
+        server.set("big", b"x" * ((1 << 20) + 1))
+    with pytest.raises(dist.DistStoreError, match="at most 64 names in one call, found 65"):
+        server.wait([f"n{i}" for i in range(65)], datetime.timedelta(seconds=1))
+    # Each connection's unread replies are bounded (ZeroMQ's default holds 1,000).
+    assert server._server._router.sndhwm == store_module.MAX_QUEUED_REPLIES
+
+
+def _blocked(store: CurveStore, names: list[str], seconds: float) -> threading.Thread:
+    """A thread blocked in ``store.wait(names)`` (its timeout ends it)."""
+    def wait() -> None:
+        with contextlib.suppress(dist.DistStoreError):
+            store.wait(names, datetime.timedelta(seconds=seconds))
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def _until(condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.02)
+
+
+def test_blocked_calls_are_bounded_in_number_and_time(curve_store, monkeypatch):
+    server, port = curve_store
+    entries = server._entries
+    monkeypatch.setattr(store_module, "MAX_WAITERS", 3)
+    clients = [CurveStore("127.0.0.1", port, KEY, False, TIMEOUT) for _ in range(4)]
+    try:
+        threads = [_blocked(c, [f"never/{i}"], 20) for i, c in enumerate(clients[:3])]
+        _until(lambda: entries._waiting == 3)
+        with pytest.raises(dist.DistStoreError, match="maximum of blocked calls .3 of 3"):
+            clients[3].wait(["never/3"], datetime.timedelta(seconds=20))
+        # A blocked call that asks for years waits at most MAX_WAIT_S.
+        monkeypatch.setattr(store_module, "MAX_WAITERS", 4)
+        threads.append(_blocked(clients[3], ["never/4"], 10**9))
+        _until(lambda: entries._waiting == 4)
+        assert max(d for d, _, _ in entries._deadlines) <= (
+            time.monotonic() + store_module.MAX_WAIT_S + 1
+        )
+    finally:
+        for client in clients:
+            client.close()  # the blocked calls fail at once
+    for thread in threads:
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def test_a_blocked_wait_ends_when_all_its_names_exist_at_once(curve_store):
+    server, port = curve_store
+    client = CurveStore("127.0.0.1", port, KEY, False, datetime.timedelta(seconds=30))
+    try:
+        waiting = _blocked(client, ["a", "b"], 30)
+        _until(lambda: server._entries._waiting == 1)
+        server.set("a", b"1")
+        server.delete_key("a")  # gone again before "b" comes
+        server.set("b", b"2")
+        time.sleep(0.3)
+        assert waiting.is_alive() and server._entries._waiting == 1
+        server.set("a", b"3")
+        waiting.join(timeout=30)
+        assert not waiting.is_alive() and server._entries._waiting == 0
+        assert client.multi_get(["a", "b"]) == [b"3", b"2"]
+        assert client.clone().get("b") == b"2"
+    finally:
+        client.close()
+
+
+def test_a_client_waits_for_a_server_that_starts_late(monkeypatch):
+    """A rank whose rank 0 is slow to start keeps trying for the store's
+    timeout, as TCPStore's client does (a short round-trip slack failed it)."""
+    monkeypatch.setattr(store_module, "_SLACK_S", 0.5)
+    with reserved_ports(1) as (port,):
+        client = CurveStore("127.0.0.1", port, KEY, False, datetime.timedelta(seconds=60))
+        late: list[CurveStore] = []
+        starter = threading.Timer(2.0, lambda: late.append(
+            CurveStore("127.0.0.1", port, KEY, True, datetime.timedelta(seconds=60))
+        ))
+        starter.start()
+        try:
+            client.set("early", b"written once the server is up")
+            starter.join()
+            assert late[0].get("early") == b"written once the server is up"
+        finally:
+            starter.join()
+            client.close()
+            for server in late:
+                server.close()
+
+
+def test_ranks_of_torchruns_restarts_keep_to_their_own_names(curve_store, monkeypatch):
+    """Under fleetrun's torchrun agent the store outlives torchrun's restarts,
+    keyed for its start: restart N's ranks use those keys, under their own prefix."""
+    from trainer.job import bind
+
+    server, port = curve_store
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv(bind.AGENT_STORE_ENV, "curve")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.delenv("FLEETFEED_RESTART_COUNT", raising=False)
+    rank = bind.rendezvous_store("127.0.0.1", port, 1, 2, TIMEOUT, KEY)
+    try:
+        rank.set("rank1/address", b"10.0.0.2:4000")
+        assert server.get("/worker/attempt_1/rank1/address") == b"10.0.0.2:4000"
+        assert not rank.check(["/worker/attempt_1/rank1/address"])  # its names only
+    finally:
+        rank.close()
+
+
+def test_the_agent_refuses_a_rendezvous_whose_store_it_cannot_replace():
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.job.bind", "--rdzv-backend", "c10d", "job.py"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode != 0
+    assert "--rdzv-backend asks for a rendezvous whose TCPStore this agent cannot" in (
+        result.stderr
+    ), result.stderr
 
 
 _STORE_HOST = textwrap.dedent("""

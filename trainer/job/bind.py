@@ -167,7 +167,12 @@ def rendezvous_store(
     if agent_store and os.environ.get(AGENT_STORE_ENV) != _CURVE:
         store = dist.TCPStore(host, port, world_size, False, timeout)
         return store if key is None else KeyedStore(store, key)
-    return CurveStore(host, port, key, rank == 0 and not agent_store, timeout, _attempt())
+    if agent_store:
+        # The agent's store lives through torchrun's restarts, with the keys of
+        # its start; each restart's ranks keep to their own names, as torch's do.
+        prefix = f"/worker/attempt_{_attempt()}/"
+        return CurveStore(host, port, key, False, timeout, attempt=0, prefix=prefix)
+    return CurveStore(host, port, key, rank == 0, timeout, _attempt())
 
 
 def _agent_store(
@@ -177,7 +182,7 @@ def _agent_store(
     """What torchrun's static rendezvous builds in place of its TCPStore."""
     key = read_job_key()
     require_key_or_insecure(key, [f"{host}:{port}"], "torchrun's agent store")
-    return CurveStore(host, port, key, is_master, timeout, _attempt())
+    return CurveStore(host, port, key, is_master, timeout, attempt=0)
 
 
 def main() -> None:
@@ -185,6 +190,19 @@ def main() -> None:
     from torch.distributed import run
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
 
+    args = sys.argv[1:]
+    for index, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        if not equals and index + 1 < len(args):
+            value = args[index + 1]
+        if name == "--standalone" or (
+            name.replace("_", "-") == "--rdzv-backend" and value != "static"
+        ):
+            raise SystemExit(
+                f"trainer.job.bind: {arg} asks for a rendezvous whose TCPStore this "
+                "agent cannot replace; give --master_addr and --master_port (static "
+                "rendezvous), as fleetrun does"
+            )
     static_tcp_rendezvous.TCPStore = _agent_store  # type: ignore[assignment, misc]
     os.environ[AGENT_STORE_ENV] = _CURVE  # the ranks inherit it
     sys.argv[0] = "torchrun"

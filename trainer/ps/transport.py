@@ -275,11 +275,14 @@ class ServerEndpoint:
         name: how log lines name this server.
         ops: the operations' signatures its messages are checked against
             (``wire.OPS``, the parameter server's, unless given).
+        max_queued_replies: replies held for one connection whose peer does
+            not read them, beyond which ZeroMQ drops them (its default: 1000).
     """
 
     def __init__(
         self, endpoint: str, keys: CurveKeys | None, handlers: dict[str, Handler],
         threads: int, name: str, ops: dict[str, tuple[Any, ...]] | None = None,
+        max_queued_replies: int | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
@@ -295,6 +298,8 @@ class ServerEndpoint:
         self._router = self._context.socket(zmq.ROUTER)
         self._router.linger = 2000  # the last replies (stop_worker's) still go out
         _bound_connections(self._router)
+        if max_queued_replies is not None:
+            self._router.sndhwm = max_queued_replies
         if keys is not None:
             self._router.curve_server = True
             self._router.curve_secretkey = keys.server_secret
