@@ -45,6 +45,7 @@ def documents() -> list[Path]:
         *sorted((ROOT / "docs").glob("*.md")),
         *sorted((ROOT / "examples").glob("*/README.md")),
         ROOT / "benchmarks" / "README.md",
+        ROOT / "SECURITY.md",
     ]
 
 

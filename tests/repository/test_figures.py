@@ -37,18 +37,36 @@ BLOCK = re.compile(r"<!-- (?P<name>results:[\w/#]+|\w+):begin -->.*?<!-- (?P=nam
 # Numbers that are settings or limits of the code, not measurements: each with
 # where the code (or a test) fixes it.
 SETTINGS = {
+    "4 MiB": "trainer/job/store.py MAX_REPLY_BYTES",
     "5 s": "trainer/ps/transport.py HANDSHAKE_DEADLINE_S; launch.STOP_GRACE_SECONDS",
-    "30 s": "transport.DEFAULT_CALL_TIMEOUT",
+    "10 s": "trainer/ps/transport.py _RefusalLog(every=10.0): one refusal line per period",
+    "12 s": "tests/trainer/test_ps_wire_fuzz.py FUZZ_SECONDS: the suite's wire fuzz",
+    "30 s": "transport.DEFAULT_CALL_TIMEOUT; libzmq's default ZMQ_HANDSHAKE_IVL (30000 ms)",
     "30s": "transport.DEFAULT_CALL_TIMEOUT, as an error message prints it",
     "300 s": "trainer/collective/process_group.py DEFAULT_TIMEOUT",
     "0.1 s": "trainer/job/launch.py POLL_SECONDS",
     "2 s": "datafeed/source/process.py: how long a closed pipe may stay held open",
-    "64 MiB": "datafeed/config/settings.py max_line_bytes's default",
-    "8 MiB": "datafeed/source/ranges.py: the smallest file read as several ranges",
+    "64 MiB": "datafeed/config/settings.py max_line_bytes's default; trainer/job/store.py "
+              "MAX_STORE_BYTES; the RSS growth test_a_store_flood_costs_its_host_little and "
+              "test_unauthenticated_connections_announcing_2_gib_cost_the_server_little allow "
+              "an outsider; benchmarks/fuzz_ps_wire.py --rss-bound's default",
+    "96 MiB": "tests/trainer/test_store_auth.py test_a_store_flood_costs_its_host_little: "
+              "the growth it allows a key holder's flood (64 + 32 MiB)",
+    "8 MiB": "datafeed/source/ranges.py: the smallest file read as several ranges; "
+             "trainer/job/store.py MAX_WAITING_BYTES",
+    "1 MiB": "trainer/ps/wire.py MAX_FRAME_BYTES (= MAX_HEADER_BYTES); trainer/job/store.py "
+             "MAX_VALUE_BYTES",
+    "2 GiB": "the frame the attacks announce: announced=2**31 in test_ps_attacks.py "
+             "test_unauthenticated_connections_announcing_2_gib_cost_the_server_little and "
+             "test_store_auth.py test_a_store_flood_costs_its_host_little",
     "16 KiB": "datafeed/source/process_groups.py STDERR_TAIL_BYTES",
-    "16 MiB": "datafeed/reorder/global_shuffle.py: a sender's chunk",
+    "16 MiB": "datafeed/reorder/global_shuffle.py: a sender's chunk; what the 2 GiB attacks "
+              "send per connection (payload_bytes=16 << 20)",
+    "64 bytes": "trainer/ps/transport.py MAX_FRAME_BYTES = wire.MAX_FRAME_BYTES + 64: CURVE's box",
+    "128 bytes": "trainer/job/store.py ENTRY_OVERHEAD",
+    "1,024 bytes": "trainer/job/store.py MAX_NAME_BYTES",
     "32 bytes": "a dim-8 row's float32 weights: 8 x 4 bytes",
-    "16 bytes": "a row's statistics record / an id index slot",
+    "16 bytes": "a row's statistics record / an id index slot; trainer/job/keys.py MIN_KEY_BYTES",
     "4 bytes": "datafeed/reorder/global_shuffle.py _least_record_bytes: a sparse int32 offset",
     "8 bytes": "datafeed/reorder/global_shuffle.py PLAN_BYTES_PER_RECORD",
 }

@@ -477,3 +477,14 @@ def test_fleetruns_torchrun_agent_serves_the_bounded_store(tmp_path):
                 job.communicate()
     assert job.returncode == 0, output
     assert [Path(f"{flag}.{rank}").read_text() for rank in (0, 1)] == ["2", "2"], output
+
+
+def test_one_reply_is_bounded_too(curve_store):
+    """multi_get answers many values at once: its reply is bounded, so a peer
+    that never reads its replies holds at most 16 of MAX_REPLY_BYTES."""
+    server, _ = curve_store
+    for i in range(5):
+        server.set(f"big/{i}", b"v" * (1 << 20))
+    assert server.multi_get([f"big/{i}" for i in range(4)])[3] == b"v" * (1 << 20)
+    with pytest.raises(dist.DistStoreError, match="at most 4194304 bytes in all for one call"):
+        server.multi_get([f"big/{i}" for i in range(5)])

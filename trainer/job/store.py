@@ -58,8 +58,9 @@ MAX_NAMES_PER_CALL = 64
 MAX_WAITING_BYTES = 8 << 20
 MAX_WAIT_S = 2 * 3600.0
 # Replies queued for one connection that its peer does not read (each at most
-# a value): ZeroMQ drops those beyond, as it does for a peer that went away.
+# MAX_REPLY_BYTES): ZeroMQ drops those beyond, as it does for a peer that went away.
 MAX_QUEUED_REPLIES = 16
+MAX_REPLY_BYTES = 4 << 20
 
 _BYTES = ("tensor", "uint8", 1)
 _NAMES = ("list", "str")
@@ -265,6 +266,11 @@ class _Entries:
                 gone = [name for name, value in zip(names, values, strict=True) if value is None]
                 if gone:
                     error = KeyError(f"{_shown(gone)} deleted while read")
+                elif sum(map(len, values)) > MAX_REPLY_BYTES:
+                    error = StoreFullError(
+                        f"expected values of at most {MAX_REPLY_BYTES} bytes in all for one "
+                        f"call, found {sum(map(len, values))}; read them one at a time"
+                    )
             if error is not None:
                 result.set_exception(error)
             else:
