@@ -150,6 +150,21 @@ def test_a_value_from_another_attempt_is_refused(stores):
 # -- fleetfeed's own store: CurveStore -----------------------------------------------
 
 
+# The threads a store's server and clients run: none may outlive its test
+# (a later test forks Hogwild processes only when no other thread runs).
+STORE_THREADS = ("ps-client-io", "ps-server-io", "ps-zap", "ps-call", "store-reaper")
+
+
+def _store_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(STORE_THREADS)]
+
+
+@pytest.fixture(autouse=True)
+def no_store_thread_left():
+    yield
+    _until(lambda: not _store_threads(), timeout=10)
+
+
 @pytest.fixture
 def curve_store():
     """A CurveStore served in this process on 127.0.0.1, and its port."""
@@ -314,7 +329,11 @@ def test_a_blocked_wait_ends_when_all_its_names_exist_at_once(curve_store):
         waiting.join(timeout=30)
         assert not waiting.is_alive() and server._entries._waiting == 0
         assert client.multi_get(["a", "b"]) == [b"3", b"2"]
-        assert client.clone().get("b") == b"2"
+        clone = client.clone()
+        try:
+            assert clone.get("b") == b"2"
+        finally:
+            clone.close()
     finally:
         client.close()
 
