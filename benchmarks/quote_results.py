@@ -54,8 +54,8 @@ def _source_text(source: str) -> tuple[str, Path]:
     the file it lies in."""
     if source.startswith("results/"):
         path = RESULTS_DIR / (source.removeprefix("results/") + ".md")
-        if not path.is_file():
-            raise SystemExit(f"quote_results: no results file {path} for a quote of {source!r}")
+        if not path.is_file():  # a benchmark not run yet
+            return "", path
         return path.read_text(), path
     text = RESULTS.read_text()
     begin, end = f"<!-- {source}:begin -->", f"<!-- {source}:end -->"
@@ -73,6 +73,8 @@ def quoted(source: str, into: Path) -> str:
     """The body of a quote of ``source`` placed in the file ``into``."""
     name, _, index = source.partition("#")
     text, path = _source_text(name)
+    if not text:
+        return f"No results yet: `{path.relative_to(ROOT)}` is written by its benchmark script."
     paragraphs = _paragraphs(text)
     tables = [p for p in paragraphs if p.startswith("|")]
     wanted = int(index or 1)

@@ -153,9 +153,14 @@ def test_no_two_pages_write_the_same_file():
 
 def test_the_readme_says_how_long_make_test_takes_and_how_to_run_less():
     readme = (REPO / "README.md").read_text()
-    assert re.search(r"`make test` takes .*?\d+ min \d+ s", readme, re.DOTALL), (
-        "README.md must say how long `make test` takes (measured: N min N s)"
+    # The time is quoted from what benchmarks/suite_rounds.py wrote, once it ran.
+    assert "<!-- results:results/suite:begin -->" in readme, (
+        "README.md must quote benchmarks/results/suite.md: how long `make test` takes"
     )
+    if (REPO / "benchmarks" / "results" / "suite.md").exists():
+        assert re.search(r"`make test` takes .*?\d+ min \d+ s", readme, re.DOTALL), (
+            "README.md must say how long `make test` takes (measured: N min N s)"
+        )
     subsets = [
         b.code for b in ALL_BLOCKS["README.md"] if re.search(r"pytest -m \"[^\"]+\"", b.code)
     ]
