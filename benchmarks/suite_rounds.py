@@ -85,42 +85,10 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--random-order", action="store_true",
-                        help="each round in pytest-randomly's order under its own seed")
-    parser.add_argument("--busy-loops", type=int, default=0,
-                        help="processes spinning beside the rounds (a loaded machine)")
-    parser.add_argument("--quick", action="store_true",
-                        help="leave out the tests marked slow or distributed")
-    parser.add_argument("--round-timeout", type=float, default=45 * 60,
-                        help="seconds after which a round counts as a hang (default 45 min)")
-    parser.add_argument("--first-seed", type=int, default=1000)
-    parser.add_argument("--name", default=None,
-                        help="the results file's name (default suite, suite_quick, "
-                             "or suite_loaded with busy loops)")
-    args = parser.parse_args(argv)
-    name = args.name or ("suite_loaded" if args.busy_loops else
-                         "suite_quick" if args.quick else "suite")
-    load_before = load_average()
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    loops = _busy_loops(args.busy_loops)
-    rounds = []
-    try:
-        for index in range(args.rounds):
-            result = _round(args, args.first_seed + index)
-            result["load"] = load_average()
-            rounds.append(result)
-            verdict = "passed" if result["ok"] else ("HUNG" if result["hung"] else "FAILED")
-            print(f"round {index + 1}/{args.rounds} (seed {result['seed']}): {verdict} in "
-                  f"{_minutes(result['wall'])}, {result['counts']}", flush=True)
-            if not result["ok"]:
-                print(result["tail"], flush=True)
-    finally:
-        for loop in loops:
-            os.killpg(loop.pid, signal.SIGKILL)
-            loop.wait()
+def _write(
+    args: argparse.Namespace, name: str, rounds: list[dict], load_before: float, started: str
+) -> int:
+    """Writes the rounds run so far to results/NAME.md; the number that failed."""
     failures = sum(not r["ok"] for r in rounds)
     hangs = sum(r["hung"] for r in rounds)
     walls = sorted(r["wall"] for r in rounds)
@@ -128,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     order = "pytest-randomly's order, a seed per round" if args.random_order else \
         "make test's order (-p no:randomly)"
     lines = [
-        f"# The test suite, {args.rounds} round(s)",
+        f"# The test suite, {len(rounds)} of {args.rounds} round(s)",
         "",
         f"`{command()}` at {commit()}, started {started}: {kind}, one pytest process per "
         f"round, {order}, {args.busy_loops} busy loop(s) beside it on {os.cpu_count()} "
@@ -162,7 +130,48 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS_DIR.mkdir(exist_ok=True)
     path = RESULTS_DIR / f"{name}.md"
     path.write_text("\n".join(lines) + "\n")
-    print(f"wrote {path.relative_to(ROOT)}")
+    print(f"wrote {path.relative_to(ROOT)}", flush=True)
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--random-order", action="store_true",
+                        help="each round in pytest-randomly's order under its own seed")
+    parser.add_argument("--busy-loops", type=int, default=0,
+                        help="processes spinning beside the rounds (a loaded machine)")
+    parser.add_argument("--quick", action="store_true",
+                        help="leave out the tests marked slow or distributed")
+    parser.add_argument("--round-timeout", type=float, default=45 * 60,
+                        help="seconds after which a round counts as a hang (default 45 min)")
+    parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument("--name", default=None,
+                        help="the results file's name (default suite, suite_quick, "
+                             "or suite_loaded with busy loops)")
+    args = parser.parse_args(argv)
+    name = args.name or ("suite_loaded" if args.busy_loops else
+                         "suite_quick" if args.quick else "suite")
+    load_before = load_average()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    loops = _busy_loops(args.busy_loops)
+    rounds = []
+    try:
+        for index in range(args.rounds):
+            result = _round(args, args.first_seed + index)
+            result["load"] = load_average()
+            rounds.append(result)
+            verdict = "passed" if result["ok"] else ("HUNG" if result["hung"] else "FAILED")
+            print(f"round {index + 1}/{args.rounds} (seed {result['seed']}): {verdict} in "
+                  f"{_minutes(result['wall'])}, {result['counts']}", flush=True)
+            if not result["ok"]:
+                print(result["tail"], flush=True)
+            _write(args, name, rounds, load_before, started)  # what ran so far
+    finally:
+        for loop in loops:
+            os.killpg(loop.pid, signal.SIGKILL)
+            loop.wait()
+    failures = _write(args, name, rounds, load_before, started)
     return 0 if failures == 0 else 1
 
 
