@@ -370,18 +370,23 @@ def local_sync_reference() -> Model:
 
 
 # Held-out AUC bands of the async and GEO jobs (they depend on how the two
-# workers' pushes interleave), each mean +- 4 sd of 12 jobs measured on a loaded
-# 2-core machine (the suite running beside, 2026-11-27):
-#   async, 2 servers: mean 0.8418, sd 0.0011, range 0.8403-0.8437
-#   async, 3 servers: mean 0.8421, sd 0.0013, range 0.8406-0.8446
-#   geo,   2 servers: mean 0.8370, sd 0.0024, range 0.8333-0.8399
-#   geo,   3 servers: mean 0.8365, sd 0.0021, range 0.8337-0.8394
+# workers' pushes interleave), measured on a loaded 2-core machine (the suite
+# running beside, 2026-11-27): 12 jobs each, and a 13th async-2 job from a
+# random-order suite round (0.8462) that the first bands, 4 sd of 12 jobs,
+# failed by 0.0001. So each band is mean +- 4 sd with the sd pooled over the
+# two server counts of a mode (the same interleaving, more jobs to estimate it):
+#   async, 2 servers: 13 jobs, mean 0.8422, sd 0.0016, range 0.8403-0.8462
+#   async, 3 servers: 12 jobs, mean 0.8421, sd 0.0013, range 0.8406-0.8446
+#     pooled sd 0.0015 -> +-0.0060
+#   geo,   2 servers: 12 jobs, mean 0.8370, sd 0.0024, range 0.8333-0.8399
+#   geo,   3 servers: 12 jobs, mean 0.8365, sd 0.0021, range 0.8337-0.8394
+#     pooled sd 0.0023 -> +-0.0090
 # Sync is deterministic: one process's AUC (below), to another CPU's rounding.
 JOB_AUC_BANDS = {
-    ("async", 2): (0.8374, 0.8462),
-    ("async", 3): (0.8369, 0.8472),
-    ("geo", 2): (0.8274, 0.8466),
-    ("geo", 3): (0.8280, 0.8450),
+    ("async", 2): (0.8362, 0.8482),
+    ("async", 3): (0.8361, 0.8481),
+    ("geo", 2): (0.8280, 0.8460),
+    ("geo", 3): (0.8275, 0.8455),
 }
 
 
