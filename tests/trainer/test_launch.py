@@ -551,20 +551,31 @@ def test_gpus_argument_errors(tmp_path, args, visible, message):
 def test_a_collective_launch_of_a_script_without_is_collective_fails_naming_the_fix(tmp_path):
     # Without the check every rank ran a job of its own and printed "worker 0 of 1".
     script = tmp_path / "plain_init.py"
+    # Each rank also writes its error to a file of its own: the two ranks' tracebacks
+    # share one stderr, where they interleave character by character.
     script.write_text(
+        "import os\n"
         "from trainer import fleet\n"
-        "fleet.init()\n"
+        "try:\n"
+        "    fleet.init()\n"
+        "except Exception as error:\n"
+        "    with open(f'error{os.environ[\"RANK\"]}.txt', 'w') as out:\n"
+        "        out.write(f'{type(error).__name__}: {error}')\n"
+        "    raise\n"
         "print(f'worker {fleet.worker_index()} of {fleet.worker_num()}', flush=True)\n"
     )
     result = fleetrun("--nproc_per_node=2", str(script), cwd=tmp_path, timeout=90)
     assert result.returncode != 0
     assert "worker 0 of 1" not in result.stdout
-    assert re.search(
-        r"RoleError: this process is rank [01] of WORLD_SIZE=2 \(torchrun, or fleetrun "
-        r"--nproc_per_node\), but a parameter-server role maker \(fleet.init\(\) without "
-        r"is_collective=True\) .* call fleet.init\(is_collective=True\) for a collective job",
-        result.stdout + result.stderr,
-    ), result.stdout + result.stderr
+    for rank in range(2):
+        error = (tmp_path / f"error{rank}.txt").read_text()
+        assert re.fullmatch(
+            rf"RoleError: this process is rank {rank} of WORLD_SIZE=2 \(torchrun, or fleetrun "
+            r"--nproc_per_node\), but a parameter-server role maker \(fleet.init\(\) without "
+            r"is_collective=True\) .* call fleet.init\(is_collective=True\) for a collective "
+            r"job, or start a parameter-server job with fleetrun --server_num=S --worker_num=W",
+            error,
+        ), error
 
 
 def console_fleetrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
