@@ -27,7 +27,7 @@ from trainer import fleet
 out, scenario, _repo, files_json = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 rank = int(os.environ["RANK"])
 files = json.loads(files_json)[rank]
-fleet.init(is_collective=True, timeout=4 if scenario == "peer_stalls" else 8)
+fleet.init(is_collective=True, timeout=4 if scenario in ("peer_stalls", "rank0_dies") else 8)
 result = {}
 
 def ids(ds):
