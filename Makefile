@@ -48,10 +48,18 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check .
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/cython-lint $(CYTHON_FILES)
 
+# Two pytest workers (pytest-xdist), each taking whole test files (module
+# fixtures such as test_ps_servers.py's jobs run once): most tests wait on
+# subprocesses, so two workers finish well before one even on a 2-core machine
+# (benchmarks/suite_rounds.py --workers 0 measures the serial run; its results
+# are in benchmarks/results/). PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 # -p no:randomly: pytest-randomly (in the test extra) would shuffle the order
 # and reseed random/numpy per test; `make test` keeps the files' order.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:randomly
+	$(PY) -m pytest -q -p no:randomly $(PARALLEL)
 
 # The suite N times (default 5), each round in another random order (pytest-randomly,
 # seeded: SEED=<n> replays a run's orders), to find tests that depend on order or
@@ -65,7 +73,7 @@ test-repeat: $(STAMP)
 	@for round in $$(seq $(N)); do \
 	  seed=$$(( $(SEED) + round - 1 )); \
 	  echo "== round $$round of $(N): --randomly-seed=$$seed"; \
-	  $(PY) -m pytest -q --randomly-seed=$$seed $(ARGS) || \
+	  $(PY) -m pytest -q $(PARALLEL) --randomly-seed=$$seed $(ARGS) || \
 	  { echo "== round $$round failed: replay with make test-repeat N=1 SEED=$$seed"; exit 1; }; \
 	done
 

@@ -4,9 +4,10 @@
     python benchmarks/suite_rounds.py --rounds 5 --random-order --busy-loops 2
     python benchmarks/suite_rounds.py --quick               # without slow/distributed tests
 
-Each round is one pytest process (``make test``'s command, or with
-``--random-order`` pytest-randomly's order under a seed of its own, printed so
-that a failing round can be replayed); ``--busy-loops N`` keeps N processes
+Each round is one pytest run (``make test``'s command: two pytest-xdist workers
+taking whole files unless ``--workers``; with ``--random-order``
+pytest-randomly's order under a seed of its own, printed so that a failing
+round can be replayed); ``--busy-loops N`` keeps N processes
 spinning beside the rounds (a loaded machine). A round that passes its time
 limit is stopped and counted as a hang. Writes ``benchmarks/results/NAME.md``
 (``suite`` unless ``--name``) with every round, the commit, the command and the
@@ -48,6 +49,8 @@ def _round(args: argparse.Namespace, seed: int) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
            f"--durations={SLOWEST}"]
     cmd += [f"--randomly-seed={seed}"] if args.random_order else ["-p", "no:randomly"]
+    if args.workers:
+        cmd += ["-n", str(args.workers), "--dist", "loadfile"]
     if args.quick:
         cmd += ["-m", "not slow and not distributed"]
     started = time.monotonic()
@@ -95,11 +98,13 @@ def _write(
     kind = "the tests not marked slow or distributed" if args.quick else "the whole suite"
     order = "pytest-randomly's order, a seed per round" if args.random_order else \
         "make test's order (-p no:randomly)"
+    workers = (f"{args.workers} pytest-xdist workers (whole files each)" if args.workers
+               else "one pytest process")
     lines = [
         f"# The test suite, {len(rounds)} of {args.rounds} round(s)",
         "",
-        f"`{command()}` at {commit()}, started {started}: {kind}, one pytest process per "
-        f"round, {order}, {args.busy_loops} busy loop(s) beside it on {os.cpu_count()} "
+        f"`{command()}` at {commit()}, started {started}: {kind}, a pytest run per round "
+        f"on {workers}, {order}, {args.busy_loops} busy loop(s) beside it on {os.cpu_count()} "
         f"CPU(s); 1-minute load average {load_before:.2f} before the first round. "
         f"{len(rounds) - failures} of {len(rounds)} round(s) passed, {hangs} hung; "
         f"median round {_minutes(walls[len(walls) // 2])}.",
@@ -145,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out the tests marked slow or distributed")
     parser.add_argument("--round-timeout", type=float, default=45 * 60,
                         help="seconds after which a round counts as a hang (default 45 min)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="pytest-xdist workers, as make test's PYTEST_WORKERS "
+                             "(default 2; 0: one process)")
     parser.add_argument("--first-seed", type=int, default=1000)
     parser.add_argument("--name", default=None,
                         help="the results file's name (default suite, suite_quick, "
