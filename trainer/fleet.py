@@ -16,7 +16,9 @@
 The classes Paddle code reaches through its ``fleet`` module are here too:
 ``fleet.DistributedStrategy``, ``fleet.StrategyFactory`` (Paddle 1.x),
 ``fleet.PaddleCloudRoleMaker``, ``fleet.UserDefinedRoleMaker``, ``fleet.Role``,
-``fleet.MultiSlotDataGenerator`` and ``fleet.MultiSlotStringDataGenerator``.
+``fleet.MultiSlotDataGenerator`` and ``fleet.MultiSlotStringDataGenerator``;
+``fleet.util`` and ``fleet.metrics`` (``trainer.metrics.FleetMetrics``: metrics
+reduced over every worker).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .job.errors import TrainerError
 from .job.role import ClusterRole, Role
 from .job.role_maker import PaddleCloudRoleMaker, RoleMakerBase, UserDefinedRoleMaker
 from .job.strategy import DistributedStrategy, StrategyFactory
+from .metrics import FleetMetrics
 
 if TYPE_CHECKING:  # loaded on first use (the module's __getattr__)
     from generators import MultiSlotDataGenerator, MultiSlotStringDataGenerator
@@ -58,6 +61,7 @@ __all__ = [
     "is_worker",
     "load_dataset_state",
     "load_persistables",
+    "metrics",
     "run_server",
     "save_persistables",
     "server_endpoints",
@@ -645,6 +649,7 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
 
 _FLEET = Fleet()
 util = UtilBase(_FLEET)
+metrics = FleetMetrics(util)
 
 
 def current() -> Fleet:
