@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ..config.errors import CacheError, GlobalShuffleError, SchemaError
 from ..config.settings import INMEMORY_SETTINGS
+from ..config.slots import INS_ID
 from ..iterate import state
 from ..iterate.batch import Batch
 from ..iterate.batcher import Batcher, BatchPlan, Piece, chunk_ranges
@@ -283,7 +284,11 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         each record goes instead to the worker its instance id hashes to
         (``XXH64(ins_id) % workers``, as in Paddle: the counts are then not
         balanced), and each worker merges the records of one instance id, as
-        in Paddle (``datafeed.reorder.merge``), with the shuffle's seed.
+        in Paddle (``datafeed.reorder.merge``), with the shuffle's seed. With
+        shuffle by uid on (``_set_uid_slot(slot)`` and
+        ``_set_shuffle_by_uid(True)``), each record goes to the worker its uid
+        (the slot's one uint64) hashes to, so each user's records meet on one
+        worker, and each worker's share is shuffled with the seed.
 
         Args:
             fleet: ``trainer.fleet`` (or any object with ``worker_num()``), or None.
@@ -302,6 +307,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         world = collectives.distributed_world()
         workers = collectives.worker_num(fleet) if fleet is not None else world
         by_id = bool(self._settings["merge_by_lineid"])
+        route_by = INS_ID if by_id else self._uid_route()
+        if route_by is not None and route_by != INS_ID:  # alone too: the job would fail
+            global_shuffle.check_route(self._record_schema, route_by)
         if workers <= 1 and world <= 1:
             self.local_shuffle(seed=seed)
             self._shuffled_alone = True
@@ -330,7 +338,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 seed,
                 send_batch_size=self._settings["fleet_send_batch_size"],
                 threads=max(1, min(thread_num, 16)),
-                route_by_ins_id=by_id,
+                route_by=route_by,
             )
         except BaseException:
             # A failure before the first round (a peer gone at the start,
@@ -339,11 +347,27 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             raise
         self._shuffles.counter += 1
         self._shuffled_alone = False
-        kind = state.GLOBAL_BY_INS_ID if by_id else "global"
-        self._note_shuffle((kind, seed, world), store_rows)
+        if by_id:
+            self._note_shuffle((state.GLOBAL_BY_INS_ID, seed, world), store_rows)
+        elif route_by is not None:
+            self._note_shuffle((state.GLOBAL_BY_UID, seed, world, route_by), store_rows)
+        else:
+            self._note_shuffle(("global", seed, world), store_rows)
         release_free_memory()
         if by_id:  # the records of each instance id are all on this worker now
             self._merge_by_lineid(seed)
+
+    def _uid_route(self) -> str | None:
+        """The uid slot a global shuffle routes by (Paddle's shuffle by uid), or None."""
+        if not getattr(self, "_shuffle_by_uid", False):
+            return None
+        uid_slot = getattr(self, "_uid_slot", None)
+        if uid_slot is None:
+            raise SchemaError(
+                "global_shuffle by uid (_set_shuffle_by_uid(True)) needs the uid slot: call "
+                "_set_uid_slot(<slot name>) first (the slot holds one uint64 per record)"
+            )
+        return uid_slot
 
     def _merge_by_lineid(self, seed: int | None = None) -> None:
         """Merges the records of one instance id (datafeed/reorder/merge.py), as Paddle's
@@ -462,7 +486,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # Every entry was checked above: nothing is replayed from a refused state.
         for entry in state_dict["shuffles"]:
             store = self._require_store("load_state_dict")
-            if entry[0] in ("global", state.GLOBAL_BY_INS_ID):
+            if entry[0] in ("global", state.GLOBAL_BY_INS_ID, state.GLOBAL_BY_UID):
                 self._store = None  # the global shuffle consumes the store as it sends it
             self._store = state.replay_shuffle(
                 store, entry, threads=self._reader_threads,

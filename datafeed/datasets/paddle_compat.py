@@ -368,13 +368,13 @@ class PaddleInMemoryDataset:
         self.trainer_num = trainer_num
 
     def _set_shuffle_by_uid(self, enable_shuffle_uid: bool) -> None:
-        if enable_shuffle_uid:
-            raise NotImplementedError(
-                "_set_shuffle_by_uid(True): a global shuffle that sends each user's records "
-                "to one worker is not implemented; global_shuffle sends records by one "
-                "seeded permutation. Instead, partition the files by uid and give each "
-                "worker its part (set_filelist), then local_shuffle"
+        # Paddle: global_shuffle sends each record to the worker its uid hashes
+        # to (the uid slot of _set_uid_slot; merge by line id, when on, wins).
+        if not isinstance(enable_shuffle_uid, bool):
+            raise TypeError(
+                f"_set_shuffle_by_uid() takes True or False, got {enable_shuffle_uid!r}"
             )
+        self._shuffle_by_uid = enable_shuffle_uid
 
     def set_date(self, date: str) -> None:
         """Paddle's training date for the GPU parameter server: checked (``YYYYMMDD``)

@@ -63,15 +63,18 @@ _QUEUE_KEYS = (
 # A global shuffle that sent each record to the rank of its instance id (merge
 # by line id on; a "merge" entry follows it).
 GLOBAL_BY_INS_ID = "global_by_ins_id"
-_GLOBAL = ("global", GLOBAL_BY_INS_ID)
+# A global shuffle that sent each record to the rank of its uid (shuffle by uid).
+GLOBAL_BY_UID = "global_by_uid"
+_GLOBAL = ("global", GLOBAL_BY_INS_ID, GLOBAL_BY_UID)
 _SEED_LIMITS = {
     "local": 1 << 64, "slots": 1 << 64, "merge": 1 << 64, "global": 1 << 63,
-    GLOBAL_BY_INS_ID: 1 << 63,
+    GLOBAL_BY_INS_ID: 1 << 63, GLOBAL_BY_UID: 1 << 63,
 }
 _SHAPES = {
     "local": "['local', seed]",
     "global": "['global', seed, world size]",
     GLOBAL_BY_INS_ID: f"['{GLOBAL_BY_INS_ID}', seed, world size]",
+    GLOBAL_BY_UID: f"['{GLOBAL_BY_UID}', seed, world size, uid slot]",
     "slots": "['slots', seed, [slot names]]",
     "merge": "['merge', seed, merge size]",
 }
@@ -171,11 +174,12 @@ def _check_entry(index: int, entry: Any) -> None:
             f"{_WHERE}: shuffles[{index}]: expected a shuffle kind "
             f"{', '.join(map(repr, _SHAPES))} first, found {_shown(entry)}"
         )
-    last = entry[2] if len(entry) == 3 else None
+    last = entry[2] if len(entry) >= 3 else None
     if (
-        len(entry) != (2 if kind == "local" else 3)
+        len(entry) != (2 if kind == "local" else 4 if kind == GLOBAL_BY_UID else 3)
         or (kind == "slots" and not _is_names(last))
         or (kind == "merge" and not _is_int(last))
+        or (kind == GLOBAL_BY_UID and not isinstance(entry[3], str))
     ):
         raise StateError(
             f"{_WHERE}: shuffles[{index}]: expected {_SHAPES[kind]}, found {_shown(entry)}"
@@ -279,6 +283,11 @@ def check_replay(entry: list[Any], schema: SlotSchema) -> None:
                 "(in a PS job, call fleet.worker_group() first, or use "
                 "fleet.load_persistables(dirname, dataset=ds))"
             )
+        if kind == GLOBAL_BY_UID and entry[3] not in {slot.name for slot in schema}:
+            raise StateError(
+                f"{_WHERE}: the state replays a shuffle by the uid of slot {_shown(entry[3])}, "
+                "which this dataset does not declare"
+            )
     elif kind == "slots":
         text = {field.name for field in getattr(schema, "text_fields", ())}
         names = {slot.name for slot in schema} - text
@@ -316,7 +325,8 @@ def replay_shuffle(
     if kind in _GLOBAL:
         shuffled, _ = global_shuffle.global_shuffle(
             store, seed, send_batch_size=send_batch_size, threads=threads,
-            route_by_ins_id=kind == GLOBAL_BY_INS_ID,
+            route_by=INS_ID if kind == GLOBAL_BY_INS_ID
+            else entry[3] if kind == GLOBAL_BY_UID else None,
         )
         return shuffled
     names = {slot.name: i for i, slot in enumerate(store.schema)}

@@ -48,6 +48,13 @@ among all ranks' records) it must get from each peer in each round, and it
 also checks that the instance ids it receives hash to it. A rank's share is
 then in that global index order (the merge shuffles what it leaves); the
 counts are as the ids fall, not balanced.
+
+With ``route_by`` a uid slot (Paddle's ``_set_shuffle_by_uid``), records go the
+same way, each to rank ``XXH64(uid) % world`` (the uid's 8 little-endian
+bytes, ``datafeed.reorder.hashing.uid_ranks``), so that every record of one
+user lands on one rank; a rank's share is then shuffled with the seed. A uid
+slot must hold exactly one uint64 per record, as Paddle requires; a rank whose
+records break that makes every rank fail, naming it, before anything is sent.
 """
 
 from __future__ import annotations
@@ -67,11 +74,11 @@ from ..records.arrow import (
     schema_problem,
     stream_batch,
 )
-from ..records.columns import RecordChunk
+from ..records.columns import RecordChunk, SlotColumn
 from ..records.memory import memory_limit_bytes, release_free_memory
 from ..records.store import RecordStore
 from .collectives import HeldTermination, TimedCollectives, host_group
-from .hashing import ins_id_ranks
+from .hashing import ins_id_ranks, uid_problem, uid_ranks
 
 logger = logging.getLogger("datafeed")
 
@@ -92,7 +99,7 @@ def global_shuffle(
     threads: int = 2,
     timeout: float | None = None,
     group: Any = None,
-    route_by_ins_id: bool = False,
+    route_by: str | None = None,
 ) -> tuple[RecordStore, int]:
     """Redistributes and shuffles the records of every rank of ``group``.
 
@@ -107,24 +114,24 @@ def global_shuffle(
         threads: threads for the local gathers.
         timeout: seconds each collective may take; default the group's own.
         group: a ``torch.distributed`` process group; default the default group.
-        route_by_ins_id: send each record to the rank its instance id hashes
-            to (for merge by line id; see the module docstring). Every rank
-            must pass the same value.
+        route_by: None to spread the records by one permutation; ``INS_ID``
+            to send each record to the rank its instance id hashes to (merge
+            by line id); or a uid slot's name, to send it where its uid hashes
+            (shuffle by uid). See the module docstring. Every rank must pass
+            the same value.
 
     Returns:
         This rank's new records (one chunk, in shuffled order, or in global
         index order when routed by instance id) and the seed used.
 
     Raises:
-        GlobalShuffleError: a peer died or stalled, seeds disagree, or records
-            were lost, duplicated or malformed in transit.
-        SchemaError: ``route_by_ins_id`` for records without instance ids.
+        GlobalShuffleError: a peer died or stalled, seeds disagree, records
+            were lost, duplicated or malformed in transit, or a rank's uids
+            are not one per record.
+        SchemaError: ``route_by`` names a slot the records lack, or a uid slot
+            that is not uint64.
     """
-    if route_by_ins_id and INS_ID not in store.schema.names:
-        raise SchemaError(
-            "global_shuffle by instance id (merge by line id) needs each record's "
-            "instance id: set parse_ins_id=True and load the files again"
-        )
+    check_route(store.schema, route_by)
     import torch
     import torch.distributed as dist
 
@@ -132,7 +139,48 @@ def global_shuffle(
     _calls += 1
     with HeldTermination() as held:  # see TimedCollectives.run
         comm = TimedCollectives(dist, torch, host_group(dist, group), timeout, _calls, held)
-        return _shuffle(comm, store, seed, send_batch_size, threads, route_by_ins_id)
+        return _shuffle(comm, store, seed, send_batch_size, threads, route_by)
+
+
+def check_route(schema: SlotSchema, route_by: str | None) -> None:
+    """Raises ``SchemaError`` unless records of ``schema`` can be routed by
+    ``route_by`` (see ``global_shuffle``)."""
+    if route_by is None:
+        return
+    if route_by == INS_ID:
+        if INS_ID not in schema.names:
+            raise SchemaError(
+                "global_shuffle by instance id (merge by line id) needs each record's "
+                "instance id: set parse_ins_id=True and load the files again"
+            )
+        return
+    if route_by not in schema.names:
+        raise SchemaError(
+            f"global_shuffle by uid: the uid slot {route_by!r} (_set_uid_slot) is not among "
+            f"the dataset's slots {list(schema.names)}"
+        )
+    dtype = schema[schema.index(route_by)].dtype
+    if str(dtype) != "uint64":
+        raise SchemaError(
+            f"global_shuffle by uid: the uid slot {route_by!r} is {dtype}; a uid is one "
+            "uint64 per record (as Paddle requires)"
+        )
+
+
+def _route_code(schema: SlotSchema, route_by: str | None) -> int:
+    """How records are routed, as every rank announces it: 0 by permutation,
+    1 by instance id, 2 + i by the uid of slot i."""
+    if route_by is None:
+        return 0
+    return 1 if route_by == INS_ID else 2 + schema.index(route_by)
+
+
+def _route_ranks(column: SlotColumn, route_by: str, world: int) -> np.ndarray:
+    return ins_id_ranks(column, world) if route_by == INS_ID else uid_ranks(column, world)
+
+
+def _route_name(route_by: str) -> str:
+    return "instance id" if route_by == INS_ID else f"uid (slot {route_by!r})"
 
 
 def _shuffle(
@@ -141,7 +189,7 @@ def _shuffle(
     seed: int | None,
     send_batch_size: int,
     threads: int,
-    by_id: bool,
+    route_by: str | None,
 ) -> tuple[RecordStore, int]:
     import torch
     import torch.distributed as dist
@@ -151,13 +199,23 @@ def _shuffle(
     started = time.perf_counter()
     # 1. Counts and seeds of every rank, in one collective.
     explicit = seed is not None
+    bad_uid = -1
+    if route_by is not None and route_by != INS_ID:  # told to every rank, as a count
+        column, at = store.schema.index(route_by), 0
+        for chunk in store.chunks:
+            problem = uid_problem(chunk.columns[column])
+            if problem >= 0:
+                bad_uid = at + problem
+                break
+            at += chunk.rows
     mine = torch.tensor(
         [
             store.rows,
             _fresh_seed() if seed is None else int(seed),
             int(explicit),
             store.nbytes,
-            int(by_id),
+            _route_code(store.schema, route_by),
+            bad_uid,
         ],
         dtype=torch.int64,
     )
@@ -168,6 +226,7 @@ def _shuffle(
     )
     table = torch.stack(gathered).numpy()
     _check_announced(table, rank, store.schema, memory_limit_bytes())
+    _check_uids(table, rank, route_by)
     counts, seeds, given, nbytes = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
     if given.any() and (not given.all() or len(set(seeds.tolist())) > 1):
         described = ", ".join(
@@ -197,10 +256,11 @@ def _shuffle(
     per_round = max(send_batch_size * world, ROUND_BYTES // record_bytes)
     rounds = max(1, -(-int(counts.max()) // per_round))
     schema = store.schema
-    if by_id:
-        # 3. Each record goes to the rank of its instance id and is labelled by
-        # its global index; which labels each peer must send here in each round.
-        owners = _exchange_owners(comm, store, counts)
+    if route_by is not None:
+        # 3. Each record goes to the rank of its instance id (or uid) and is
+        # labelled by its global index; which labels each peer must send here in
+        # each round.
+        owners = _exchange_owners(comm, store, counts, route_by)
         positions = np.arange(first, first + local, dtype=np.int64)
         destinations = owners[first : first + local]
         expected, bounds = _expected_by_owner(owners, counts, rank, world, per_round, rounds)
@@ -251,7 +311,7 @@ def _shuffle(
                 )
         for source, buffer in arrivals.items():
             allowance.received(source, len(due[source]), len(buffer))
-            chunk, pos = _decode(schema, buffer, source, rank, world, due[source], by_id)
+            chunk, pos = _decode(schema, buffer, source, rank, world, due[source], route_by)
             received.append(chunk)
             received_positions.append(pos)
         del payloads, arrivals
@@ -267,7 +327,8 @@ def _shuffle(
     if len(arrived) != len(expected) or not np.array_equal(arrived[order], expected):
         which = (
             f"positions {rank}, {rank + world}, ... of {total}" if final is None
-            else f"of the {total} records, those whose instance ids hash to rank {rank}"
+            else f"of the {total} records, those whose {_route_name(route_by)}s hash to "
+            f"rank {rank}"
         )
         raise GlobalShuffleError(
             f"rank {rank}: global_shuffle expected {len(expected)} records ({which}), "
@@ -275,6 +336,10 @@ def _shuffle(
             f"{len(arrived) - len(np.unique(arrived))} duplicates; nothing was kept",
             rank=rank,
         )
+    if route_by is not None and route_by != INS_ID:
+        # By uid: this rank's share in a random order (by instance id it stays in
+        # global index order: the merge that follows shuffles what it leaves).
+        order = order[np.random.default_rng(seed).permutation(len(order))]
     result = RecordStore(schema, received).take(order, threads=threads)
     del received, received_positions
     # 5. The global count, after.
@@ -313,12 +378,17 @@ def _check_announced(
     host's ``memory_limit`` (bytes; None: unknown): all before anything is
     allocated from them (2**31 records would be a 16 GiB permutation)."""
     least = _least_record_bytes(schema)
-    for source, (count, _seed, given, nbytes, by_id) in enumerate(table.tolist()):
-        if count < 0 or nbytes < 0 or given not in (0, 1) or by_id not in (0, 1):
+    routes = 2 + len(schema)
+    for source, (count, _seed, given, nbytes, route, bad_uid) in enumerate(table.tolist()):
+        if (
+            count < 0 or nbytes < 0 or given not in (0, 1) or not 0 <= route < routes
+            or not -1 <= bad_uid < max(count, 0)
+        ):
             raise GlobalShuffleError(
                 f"rank {rank}: global_shuffle: rank {source} announced {count} records of "
-                f"{nbytes} bytes (seed flag {given}, by-id flag {by_id}); expected counts "
-                "and sizes >= 0 and flags 0 or 1",
+                f"{nbytes} bytes (seed flag {given}, route {route}, first bad uid {bad_uid}); "
+                f"expected counts and sizes >= 0, a seed flag 0 or 1, a route from 0 to "
+                f"{routes - 1} and a record number or -1",
                 rank=rank, peers=(source,),
             )
         if nbytes < count * least:  # an honest store holds at least this much
@@ -329,16 +399,37 @@ def _check_announced(
                 rank=rank, peers=(source,),
             )
     _check_plan_fits(table, rank, memory_limit)
-    by_id = table[:, 4]
-    if (by_id != by_id[rank]).any():
-        others = tuple(int(r) for r in np.flatnonzero(by_id != by_id[rank]))
+    routes = table[:, 4]
+    if (routes != routes[rank]).any():
+        others = tuple(int(r) for r in np.flatnonzero(routes != routes[rank]))
+
+        def described(route: int) -> str:
+            if route == 0:
+                return "by one permutation"
+            if route == 1:
+                return "by instance id (merge by line id)"
+            return f"by the uid of slot {schema.names[route - 2]!r} (shuffle by uid)"
+
+        theirs = "; ".join(f"rank {r}: {described(int(routes[r]))}" for r in others)
         raise GlobalShuffleError(
-            f"rank {rank}: global_shuffle {'with' if by_id[rank] else 'without'} merge by "
-            f"line id here, {'without' if by_id[rank] else 'with'} it on rank(s) "
-            f"{', '.join(map(str, others))}; every rank needs the same merge_size / "
-            "_set_merge_by_lineid setting",
+            f"rank {rank}: global_shuffle sends records {described(int(routes[rank]))} here, "
+            f"otherwise on {theirs}; every rank needs the same merge_size / "
+            "_set_merge_by_lineid and _set_uid_slot / _set_shuffle_by_uid settings",
             rank=rank, peers=others,
         )
+
+
+def _check_uids(table: np.ndarray, rank: int, route_by: str | None) -> None:
+    """Every rank fails, naming the ranks whose records do not hold one uid each."""
+    bad = [(r, int(at)) for r, at in enumerate(table[:, 5].tolist()) if at >= 0]
+    if route_by is None or route_by == INS_ID or not bad:
+        return
+    raise GlobalShuffleError(
+        f"rank {rank}: global_shuffle by uid: the uid slot {route_by!r} must hold exactly "
+        "one uint64 per record (as Paddle requires); "
+        + "; ".join(f"rank {r}'s record {at} does not" for r, at in bad),
+        rank=rank, peers=tuple(r for r, _ in bad if r != rank),
+    )
 
 
 def _check_plan_fits(table: np.ndarray, rank: int, memory_limit: int | None) -> None:
@@ -377,16 +468,16 @@ def _least_record_bytes(schema: SlotSchema) -> int:
 
 
 def _exchange_owners(
-    comm: TimedCollectives, store: RecordStore, counts: np.ndarray
+    comm: TimedCollectives, store: RecordStore, counts: np.ndarray, route_by: str
 ) -> np.ndarray:
-    """The rank each record of every rank goes to (by its instance id), in
-    global index order: every rank sends its own to every rank, and each
+    """The rank each record of every rank goes to (by its instance id or uid),
+    in global index order: every rank sends its own to every rank, and each
     peer's must be exactly one valid rank per record it announced."""
     rank, world = comm.rank, comm.world
-    column = store.schema.index(INS_ID)
+    column = store.schema.index(route_by)
     dtype = np.uint8 if world <= 256 else np.int32
     mine = np.concatenate(
-        [ins_id_ranks(chunk.columns[column], world) for chunk in store.chunks]
+        [_route_ranks(chunk.columns[column], route_by, world) for chunk in store.chunks]
         or [np.empty(0, np.int64)]
     ).astype(dtype)
     size = mine.nbytes
@@ -598,13 +689,13 @@ def _decode(
     rank: int,
     world: int,
     expected: np.ndarray,
-    by_id: bool = False,
+    route_by: str | None = None,
 ) -> tuple[RecordChunk, np.ndarray]:
     """A payload from ``source`` as a chunk and its positions, checked before use.
 
     ``expected``: the positions (ascending) this rank must get in it; with
-    ``by_id``, the global indices, and every record's instance id must hash to
-    this rank. Any refusal is a ``GlobalShuffleError`` that names ``source``
+    ``route_by``, the global indices, and every record's instance id (or uid)
+    must hash to this rank. Any refusal is a ``GlobalShuffleError`` that names ``source``
     (in ``peers``).
     """
     where = f"rank {rank}: global_shuffle payload from rank {source}"
@@ -628,7 +719,7 @@ def _decode(
             "every rank announced place them)"
         )
     positions = batch.column(len(schema)).to_numpy()
-    if not by_id and (positions % world != rank).any():
+    if route_by is None and (positions % world != rank).any():
         raise refuse("it holds records meant for other ranks")
     if not np.array_equal(np.sort(positions), expected):
         raise refuse(
@@ -641,13 +732,19 @@ def _decode(
         chunk = chunk_from_record_batch(schema, batch)
     except (ValueError, OSError, pa.ArrowException) as error:
         raise refuse(str(error)) from None
-    if by_id:
-        owners = ins_id_ranks(chunk.columns[schema.index(INS_ID)], world)
+    if route_by is not None:
+        column = chunk.columns[schema.index(route_by)]
+        if route_by != INS_ID and uid_problem(column) >= 0:
+            raise refuse(
+                f"its record {uid_problem(column)} does not hold exactly one uid in slot "
+                f"{route_by!r}"
+            )
+        owners = _route_ranks(column, route_by, world)
         if (owners != rank).any():
             wrong = int(np.flatnonzero(owners != rank)[0])
             raise refuse(
-                f"it holds records meant for other ranks: the instance id of its record "
-                f"{wrong} (position {int(positions[wrong])}) hashes to rank "
+                f"it holds records meant for other ranks: the {_route_name(route_by)} of its "
+                f"record {wrong} (position {int(positions[wrong])}) hashes to rank "
                 f"{int(owners[wrong])}"
             )
     return chunk, positions

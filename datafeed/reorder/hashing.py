@@ -1,10 +1,13 @@
-"""XXH64 of many byte strings at once, in numpy: where merge by line id sends a record.
+"""XXH64 of many byte strings at once, in numpy: where merge by line id, or a
+shuffle by uid, sends a record.
 
 Paddle's global shuffle, with merge by line id on, sends each record to worker
 ``XXH64(ins_id, seed=0) % trainer_num`` (``DatasetImpl::GlobalShuffle``), so that
-the records of one instance id meet on one worker. ``ins_id_ranks`` does the
-same here: XXH64 is fixed by its specification (xxHash 0.8, little-endian
-reads), so every rank, every Python version and Paddle itself agree on it.
+the records of one instance id meet on one worker; with shuffle by uid, to the
+worker its uid (one uint64 per record, read from the uid slot) hashes to.
+``ins_id_ranks`` and ``uid_ranks`` do the same here: XXH64 is fixed by its
+specification (xxHash 0.8, little-endian reads), so every rank, every Python
+version and Paddle itself agree on it.
 Python's ``hash()`` would not do: it is salted per process for bytes.
 
 ``xxh64`` hashes ``n`` strings held as one byte buffer and ``n + 1`` offsets,
@@ -127,4 +130,22 @@ def ins_id_ranks(column: SlotColumn, world: int) -> np.ndarray:
     """The rank each record of an instance-id column goes to:
     ``XXH64(ins_id, 0) % world``, as Paddle's global shuffle sends it (int64)."""
     hashes = xxh64(column.values, column.offsets_or_uniform())
+    return (hashes % np.uint64(world)).astype(np.int64)
+
+
+def uid_problem(column: SlotColumn) -> int:
+    """The first record of a uid column that does not hold exactly one value, or -1."""
+    if column.offsets is None:
+        return -1 if column.width == 1 or column.rows == 0 else 0
+    wrong = np.flatnonzero(np.diff(column.offsets) != 1)
+    return int(wrong[0]) if len(wrong) else -1
+
+
+def uid_ranks(column: SlotColumn, world: int) -> np.ndarray:
+    """The rank each record of a uid column goes to: ``XXH64`` of its uid's 8
+    little-endian bytes, seed 0, ``% world`` (int64); every record holds one
+    uint64 (``uid_problem`` is -1)."""
+    values = np.ascontiguousarray(column.values, dtype="<u8")
+    offsets = np.arange(0, 8 * (len(values) + 1), 8, dtype=np.int64)
+    hashes = xxh64(values.view(np.uint8), offsets)
     return (hashes % np.uint64(world)).astype(np.int64)

@@ -10,9 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support import REPO, communicate_all, reserved_ports, small_line
+from support import REPO, SMALL_SCHEMA, communicate_all, reserved_ports, small_line
 
 from datafeed import InMemoryDataset
+from datafeed.config.errors import SchemaError
 from datafeed.reorder.global_shuffle import GlobalShuffleError
 
 WORKER = r"""
@@ -122,6 +123,58 @@ if scenario == "merge":
     json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
     os._exit(0)
 
+if scenario == "by_uid":
+    from datafeed import Slot
+    from datafeed.reorder.hashing import uid_ranks
+
+    def by_uid(paths, **settings):
+        ds = InMemoryDataset()
+        ds.init(batch_size=4, use_var=[Slot("uid", "uint64"), Slot("dense", "float32", (1,))],
+                **settings)
+        ds._set_uid_slot("uid")
+        ds._set_shuffle_by_uid(True)
+        ds.set_filelist(paths)
+        ds.load_into_memory()
+        return ds
+
+    def records(ds):
+        return [[int(u), int(d)] for b in ds
+                for u, d in zip(b["uid"].values.tolist(), b["dense"][:, 0].tolist())]
+
+    ds = by_uid(files, fleet_send_batch_size=1)
+    result["before"] = ds.get_memory_data_size()
+    round_bytes, gs.ROUND_BYTES = gs.ROUND_BYTES, 1  # one record per peer per round
+    ds.global_shuffle(fleet, seed=5)
+    gs.ROUND_BYTES = round_bytes
+    result["records"] = records(ds)
+    column = ds._store.chunks[0].columns[ds._store.schema.index("uid")]
+    result["owners"] = sorted(set(uid_ranks(column, fleet.worker_num()).tolist()))
+    big = by_uid(files)
+    big.global_shuffle(fleet, seed=5)
+    result["same_with_big_rounds"] = records(big) == result["records"]
+    other_seed = by_uid(files)
+    other_seed.global_shuffle(fleet, seed=6)
+    result["other_seed"] = records(other_seed)
+    first = by_uid(files, seed=9)
+    first.global_shuffle(fleet)
+    next(iter(first))
+    state = first.state_dict()
+    result["shuffles"] = state["shuffles"]
+    rest = records(first)
+    again = by_uid(files, seed=9)
+    again.load_state_dict(state)
+    result["resumed"] = records(again) == rest[4:]
+    # A record without exactly one uid (on rank 1): every rank fails, naming it.
+    bad = by_uid(files + ([sys.argv[5]] if rank == 1 else []))
+    try:
+        bad.global_shuffle(fleet, seed=1)
+    except GlobalShuffleError as error:
+        result["bad_uid_error"] = str(error)
+    result["kept_after_bad_uid"] = bad.get_memory_data_size()
+    fleet.stop_worker()
+    json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
+    os._exit(0)
+
 ds = load(fleet_send_batch_size=3)  # many small rounds
 result["before"] = ds.get_memory_data_size()
 result["total_before"] = ds.get_memory_data_size(fleet)
@@ -175,6 +228,7 @@ def _run_job(
     scenario: str,
     per_rank_files: list[list[str]],
     timeout: float = 60.0,
+    extra_args: tuple[str, ...] = (),
 ) -> list[dict]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -200,6 +254,7 @@ def _run_job(
                         scenario,
                         str(REPO),
                         json.dumps(per_rank_files),
+                        *extra_args,
                     ],
                     env=env,
                     stdout=subprocess.PIPE,
@@ -338,6 +393,58 @@ def test_merge_by_lineid_across_processes(tmp_path: Path, world: int) -> None:
     alone.global_shuffle(seed=5)
     (batch,) = list(alone)
     assert sorted(batch.ins_ids) == sorted(expected)
+
+
+@pytest.mark.distributed
+def test_shuffle_by_uid_sends_each_users_records_to_one_worker(tmp_path: Path) -> None:
+    # 30 records of 7 users over 2 ranks, each user's records on both ranks.
+    lines: list[list[str]] = [[], []]
+    uids = {}
+    for record in range(30):
+        uid = (record % 7) * 1_000_003 + 11
+        uids[record] = uid
+        lines[record % 2].append(f"1 {uid} 1 {record}\n")
+    files = []
+    for rank, text in enumerate(lines):
+        path = tmp_path / f"uid-{rank}.txt"
+        path.write_text("".join(text))
+        files.append([str(path)])
+    bad = tmp_path / "two-uids.txt"
+    bad.write_text("1 5 1 100\n2 5 6 1 101\n")  # its record 1 holds two uids
+    results = _run_job(tmp_path, 2, "by_uid", files, extra_args=(str(bad),))
+    got = [tuple(r) for result in results for r in result["records"]]
+    assert sorted(got) == sorted((uid, record) for record, uid in uids.items())
+    users_by_rank = [{uid for uid, _ in result["records"]} for result in results]
+    assert not users_by_rank[0] & users_by_rank[1]  # no user on both ranks
+    assert len(users_by_rank[0] | users_by_rank[1]) == 7
+    for rank, result in enumerate(results):
+        assert result["owners"] in ([rank], [])  # XXH64(uid) % 2 is this rank
+        assert result["same_with_big_rounds"]
+        # The seed shuffles a rank's share: same records, another order.
+        assert sorted(result["other_seed"]) == sorted(result["records"])
+        assert result["other_seed"] != result["records"]
+        assert result["resumed"]
+        assert [entry[0] for entry in result["shuffles"]] == ["global_by_uid"]
+        assert result["shuffles"][0][3] == "uid"
+        assert result["bad_uid_error"].endswith(
+            "global_shuffle by uid: the uid slot 'uid' must hold exactly one uint64 per "
+            "record (as Paddle requires); rank 1's record 16 does not"
+        ), result["bad_uid_error"]
+        assert result["kept_after_bad_uid"] == result["before"] + 2 * rank
+
+
+def test_shuffle_by_uid_needs_the_uid_slot(small_files: list[str]) -> None:
+    ds = InMemoryDataset()
+    ds.init(batch_size=4, use_var=SMALL_SCHEMA)
+    ds.set_filelist(small_files)
+    ds.load_into_memory()
+    ds._set_shuffle_by_uid(True)
+    with pytest.raises(SchemaError, match=r"call _set_uid_slot\(<slot name>\) first"):
+        ds.global_shuffle(seed=1)
+    ds._set_uid_slot("dense")
+    with pytest.raises(SchemaError, match="the uid slot 'dense' is float32; a uid is one uint64"):
+        ds.global_shuffle(seed=1)
+    assert ds.get_memory_data_size() == 15  # nothing was lost
 
 
 @pytest.mark.slow

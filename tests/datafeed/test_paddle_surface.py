@@ -310,9 +310,6 @@ NOT_HERE = [
      PSGPU + r".*call _set_use_ps_gpu\(False\) or leave it out, and instead train with "
      r"trainer.fleet's parameter server"),
     (lambda d: d._set_heter_ps(True), r"_set_heter_ps\(\) needs " + PSGPU),
-    (lambda d: d._set_shuffle_by_uid(True),
-     r"_set_shuffle_by_uid\(True\): a global shuffle that sends each user's records to one "
-     r"worker is not implemented; .* partition the files by uid"),
     (lambda d: d._set_generate_unique_feasigns(True, 8), PSLIB),
     (lambda d: d.set_generate_unique_feasigns(True), PSLIB),
     (lambda d: d._generate_local_tables_unlock(0, 8, 1, 1, 1), PSLIB),
