@@ -300,11 +300,11 @@ class FleetMetrics:
         self, metric: str, top_name: str, top: Any, bottom_name: str, bottom: Any,
         util: Reducer | None,
     ) -> float:
-        # Paddle reads element 0 of each (the ctr_metric_bundle outputs are [1]).
+        # Element 0 of each, as Paddle reads them (ctr_metric_bundle's outputs are [1]).
         numerator = float(self._reduce(top_name, top, "sum", util).reshape(-1)[0])
         denominator = float(self._reduce(bottom_name, bottom, "sum", util).reshape(-1)[0])
-        if denominator == 0:
-            raise ValueError(
+        if denominator == 0:  # Paddle's float division raises the same type
+            raise ZeroDivisionError(
                 f"{metric}: {bottom_name} summed over the workers is 0: no instance was counted"
             )
         return numerator / denominator
@@ -323,7 +323,13 @@ def _statistic(what: str, value: Any) -> np.ndarray:
         raise TypeError(f"{what}: expected numbers, got an array of {array.dtype}")
     if array.size == 0:
         raise ValueError(f"{what}: expected at least one value, got an empty array")
-    return array
+    # Reduced as int64 or float64 (a copy): gloo reduces no unsigned type, and
+    # its sum of booleans is a logical or.
+    if np.issubdtype(array.dtype, np.floating):
+        return array.astype(np.float64)
+    if array.dtype.kind == "u" and array.size and int(array.max()) >= 1 << 63:
+        raise ValueError(f"{what}: a count of {int(array.max())} does not fit an int64")
+    return array.astype(np.int64)
 
 
 def _bucket_row(counts: np.ndarray, what: str) -> np.ndarray:

@@ -486,12 +486,18 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # Every entry was checked above: nothing is replayed from a refused state.
         for entry in state_dict["shuffles"]:
             store = self._require_store("load_state_dict")
+            rows = store.rows
             if entry[0] in ("global", state.GLOBAL_BY_INS_ID, state.GLOBAL_BY_UID):
                 self._store = None  # the global shuffle consumes the store as it sends it
-            self._store = state.replay_shuffle(
-                store, entry, threads=self._reader_threads,
-                send_batch_size=self._settings["fleet_send_batch_size"],
-            )
+            try:
+                self._store = state.replay_shuffle(
+                    store, entry, threads=self._reader_threads,
+                    send_batch_size=self._settings["fleet_send_batch_size"],
+                )
+            except BaseException:
+                # As global_shuffle: a failure before any record was sent keeps them.
+                self._store = store if store.rows == rows and rows else None
+                raise
         self._shuffles = state.restored_history(state_dict)
         self._position = state.restored_position(state_dict)
         logger.info(

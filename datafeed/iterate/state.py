@@ -23,7 +23,7 @@ import json
 import logging
 from typing import Any
 
-from ..config.errors import StateError
+from ..config.errors import SchemaError, StateError
 from ..config.slots import INS_ID, SlotSchema
 from ..records.store import RecordStore
 from ..reorder import collectives, global_shuffle, merge, shuffle
@@ -283,11 +283,14 @@ def check_replay(entry: list[Any], schema: SlotSchema) -> None:
                 "(in a PS job, call fleet.worker_group() first, or use "
                 "fleet.load_persistables(dirname, dataset=ds))"
             )
-        if kind == GLOBAL_BY_UID and entry[3] not in {slot.name for slot in schema}:
-            raise StateError(
-                f"{_WHERE}: the state replays a shuffle by the uid of slot {_shown(entry[3])}, "
-                "which this dataset does not declare"
-            )
+        if kind == GLOBAL_BY_UID:
+            try:
+                global_shuffle.check_route(schema, entry[3])
+            except SchemaError as error:
+                raise StateError(
+                    f"{_WHERE}: the state replays a shuffle by the uid of slot "
+                    f"{_shown(entry[3])}, which these records cannot take: {error}"
+                ) from None
     elif kind == "slots":
         text = {field.name for field in getattr(schema, "text_fields", ())}
         names = {slot.name for slot in schema} - text

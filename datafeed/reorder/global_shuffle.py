@@ -38,7 +38,7 @@ global shuffle runs in the main thread, SIGTERM is held back (for at most
 then delivered: a launcher that stops every rank when one dies (torchrun, so
 ``fleetrun --nproc_per_node``) still finds each survivor's error in its log.
 
-With ``route_by_ins_id`` (merge by line id on), records are not spread by the
+With ``route_by=INS_ID`` (merge by line id on), records are not spread by the
 permutation: each goes to rank ``XXH64(instance id, seed 0) % world``
 (``datafeed.reorder.hashing``), where Paddle's global shuffle sends it, so the records
 of one id meet on one rank for the merge. Every rank first sends every other
@@ -203,7 +203,7 @@ def _shuffle(
     if route_by is not None and route_by != INS_ID:  # told to every rank, as a count
         column, at = store.schema.index(route_by), 0
         for chunk in store.chunks:
-            problem = uid_problem(chunk.columns[column])
+            problem = uid_problem(chunk.columns[column], chunk.rows)
             if problem >= 0:
                 bad_uid = at + problem
                 break
@@ -337,9 +337,9 @@ def _shuffle(
             rank=rank,
         )
     if route_by is not None and route_by != INS_ID:
-        # By uid: this rank's share in a random order (by instance id it stays in
-        # global index order: the merge that follows shuffles what it leaves).
-        order = order[np.random.default_rng(seed).permutation(len(order))]
+        # By uid: this rank's share in a random order of its own (by instance id
+        # it stays in global index order: the merge that follows shuffles it).
+        order = order[np.random.default_rng([seed, rank]).permutation(len(order))]
     result = RecordStore(schema, received).take(order, threads=threads)
     del received, received_positions
     # 5. The global count, after.
@@ -734,11 +734,9 @@ def _decode(
         raise refuse(str(error)) from None
     if route_by is not None:
         column = chunk.columns[schema.index(route_by)]
-        if route_by != INS_ID and uid_problem(column) >= 0:
-            raise refuse(
-                f"its record {uid_problem(column)} does not hold exactly one uid in slot "
-                f"{route_by!r}"
-            )
+        problem = -1 if route_by == INS_ID else uid_problem(column, batch.num_rows)
+        if problem >= 0:
+            raise refuse(f"its record {problem} does not hold exactly one uid in slot {route_by!r}")
         owners = _route_ranks(column, route_by, world)
         if (owners != rank).any():
             wrong = int(np.flatnonzero(owners != rank)[0])

@@ -133,11 +133,12 @@ def ins_id_ranks(column: SlotColumn, world: int) -> np.ndarray:
     return (hashes % np.uint64(world)).astype(np.int64)
 
 
-def uid_problem(column: SlotColumn) -> int:
-    """The first record of a uid column that does not hold exactly one value, or -1."""
+def uid_problem(column: SlotColumn, rows: int) -> int:
+    """The first of the ``rows`` records of a uid column that does not hold
+    exactly one value, or -1."""
     if column.offsets is None:
-        return -1 if column.width == 1 or column.rows == 0 else 0
-    wrong = np.flatnonzero(np.diff(column.offsets) != 1)
+        return -1 if column.width == 1 or rows == 0 else 0
+    wrong = np.flatnonzero(np.diff(column.offsets[: rows + 1]) != 1)
     return int(wrong[0]) if len(wrong) else -1
 
 

@@ -447,6 +447,27 @@ def test_shuffle_by_uid_needs_the_uid_slot(small_files: list[str]) -> None:
     assert ds.get_memory_data_size() == 15  # nothing was lost
 
 
+@pytest.mark.parametrize(
+    ("slot", "reason"),
+    [("dense", "the uid slot 'dense' is float32"), ("nope", "the uid slot 'nope'")],
+)
+def test_a_state_replaying_a_shuffle_by_an_unusable_uid_slot_is_refused(
+    small_files: list[str], slot: str, reason: str
+) -> None:
+    from datafeed.config.errors import StateError
+
+    ds = InMemoryDataset()
+    ds.init(batch_size=4, use_var=SMALL_SCHEMA)
+    ds.set_filelist(small_files)
+    ds.load_into_memory()
+    state = dict(ds.state_dict(), shuffles=[["global_by_uid", 1, 1, slot]],
+                 records_in_memory=15, shuffle_counter=1)
+    with pytest.raises(StateError, match=f"the state replays a shuffle by the uid of slot "
+                                         f"'{slot}', which these records cannot take: .*{reason}"):
+        ds.load_state_dict(state)
+    assert ds.get_memory_data_size() == 15  # the records stay
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("scenario", ["peer_dies", "peer_stalls"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from datafeed.records.columns import SlotColumn
-from datafeed.reorder.hashing import ins_id_ranks, xxh64
+from datafeed.reorder.hashing import ins_id_ranks, uid_problem, uid_ranks, xxh64
 
 SENTENCE = b"Nobody inspects the spammish repetition"
 # Published XXH64 values (seed 0 and seed 0x9E3779B1): empty, short, the 8-byte,
@@ -47,3 +47,33 @@ def test_ins_id_ranks_of_uniform_and_ragged_columns_agree() -> None:
         assert np.array_equal(ins_id_ranks(ragged, world), expected)
         assert np.array_equal(ins_id_ranks(uniform, world), expected)
         assert set(expected.tolist()) == set(range(world))  # ids spread over every rank
+
+
+def test_uid_ranks_hash_each_uids_eight_little_endian_bytes() -> None:
+    uids = np.array([0, 1, 2**63, 2**64 - 1, 123_456_789_012], dtype=np.uint64)
+    as_bytes = [int(u).to_bytes(8, "little") for u in uids.tolist()]
+    data, offsets = _pack(as_bytes)
+    hashes = xxh64(data, offsets)  # xxh64 itself is checked against published values above
+    uniform = SlotColumn(uids, None, 1)
+    ragged = SlotColumn(uids, np.arange(len(uids) + 1, dtype=np.int32), 0)
+    for world in (2, 3, 7):
+        expected = (hashes % np.uint64(world)).astype(np.int64).tolist()
+        assert uid_ranks(uniform, world).tolist() == expected
+        assert uid_ranks(ragged, world).tolist() == expected
+    assert uid_problem(uniform, len(uids)) == -1
+    assert uid_problem(ragged, len(uids)) == -1
+
+
+@pytest.mark.parametrize(
+    ("column", "rows", "first_bad"),
+    [
+        (SlotColumn(np.arange(5, dtype=np.uint64), np.array([0, 1, 3, 4, 5]), 0), 4, 1),
+        (SlotColumn(np.arange(3, dtype=np.uint64), np.array([0, 1, 1, 2, 3]), 0), 4, 1),
+        (SlotColumn(np.arange(4, dtype=np.uint64), None, 2), 2, 0),
+        (SlotColumn(np.arange(0, dtype=np.uint64), None, 0), 3, 0),
+        (SlotColumn(np.arange(0, dtype=np.uint64), None, 1), 0, -1),
+    ],
+    ids=["two uids", "no uid", "fixed width 2", "width 0", "empty"],
+)
+def test_a_record_without_exactly_one_uid_is_found(column, rows, first_bad) -> None:
+    assert uid_problem(column, rows) == first_bad

@@ -192,18 +192,19 @@ def payload_for(attack, due):
 
 
 # What rank 1 announces in the first collective: records, seed, seed given,
-# bytes, by instance id. A record of SMALL_SCHEMA takes at least 28 bytes.
+# bytes, route (0: by permutation), first record without one uid (-1: none).
+# A record of SMALL_SCHEMA takes at least 28 bytes.
 ANNOUNCED = {
-    "negative_count": [-5, SEED, 1, 2000, 0],
-    "huge_count": [1 << 31, SEED, 1, 2000, 0],
-    "huge_count_and_bytes": [1 << 31, SEED, 1, 28 << 31, 0],
+    "negative_count": [-5, SEED, 1, 2000, 0, -1],
+    "huge_count": [1 << 31, SEED, 1, 2000, 0, -1],
+    "huge_count_and_bytes": [1 << 31, SEED, 1, 28 << 31, 0, -1],
 }
 comm = TimedCollectives(dist, torch, None, 20.0, None)
 for attack in attacks:
     announced = torch.tensor(
-        ANNOUNCED.get(attack, [ATTACKER_RECORDS, SEED, 1, 2000, 0]), dtype=torch.int64
+        ANNOUNCED.get(attack, [ATTACKER_RECORDS, SEED, 1, 2000, 0, -1]), dtype=torch.int64
     )
-    counts = [torch.empty(5, dtype=torch.int64) for _ in range(2)]
+    counts = [torch.empty(6, dtype=torch.int64) for _ in range(2)]
     dist.all_gather(counts, announced)
     if attack in ANNOUNCED:
         continue  # rank 0 gives up after the counts
@@ -281,8 +282,8 @@ if rank == 0:
 comm = TimedCollectives(dist, torch, None, 20.0, None)
 for attack in attacks:
     store = load("attacker.txt")._store  # 6 records whose ids hash to rank 1
-    announced = torch.tensor([store.rows, 7, 1, store.nbytes, 1], dtype=torch.int64)
-    table = [torch.empty(5, dtype=torch.int64) for _ in range(2)]
+    announced = torch.tensor([store.rows, 7, 1, store.nbytes, 1, -1], dtype=torch.int64)
+    table = [torch.empty(6, dtype=torch.int64) for _ in range(2)]
     dist.all_gather(table, announced)
     honest = int(table[0][0])
     owners = np.zeros(store.rows, np.uint8)  # "all of them go to rank 0"
@@ -391,25 +392,39 @@ def test_the_attacker_header_patch_finds_the_lengths() -> None:
 
 
 def _table(*rows: list[int]) -> np.ndarray:
-    """What each rank announced: records, seed, seed given, bytes, by instance id."""
+    """What each rank announced: records, seed, seed given, bytes, route, first
+    record without one uid."""
     return np.array(rows, dtype=np.int64)
 
 
-HONEST = [12, SEED, 1, 12 * 40, 0]
+HONEST = [12, SEED, 1, 12 * 40, 0, -1]
 
 
 @pytest.mark.parametrize(
     "attacker, says",
     [
-        ([1 << 31, SEED, 1, 2000, 0],
+        ([1 << 31, SEED, 1, 2000, 0, -1],
          "rank 1 announced 2147483648 records in 2000 bytes; records of these slots take "
          "at least 28 bytes each (60129542144 bytes)"),
-        ([1 << 31, SEED, 1, 28 << 31, 0],
+        ([1 << 31, SEED, 1, 28 << 31, 0, -1],
          "rank 1 announced 2147483648 records of 60129542144 bytes; shuffling the 2147483660 "
          "records of all ranks takes at least 47244640592 bytes on this rank (8 bytes per "
          "record for the permutation, and this rank's share of the records' bytes), more "
          "than the 8589934592 bytes of memory of this host"),
-        ([3, SEED, 1, 1 << 62, 0], "rank 1 announced 3 records of 4611686018427387904 bytes"),
+        ([3, SEED, 1, 1 << 62, 0, -1],
+         "rank 1 announced 3 records of 4611686018427387904 bytes"),
+        # A route beyond the slots (2 + the 4 slots of SMALL_SCHEMA), and first
+        # bad uids outside -1 .. count - 1.
+        ([12, SEED, 1, 12 * 40, 6, -1], "rank 1 announced 12 records of 480 bytes (seed "
+         "flag 1, route 6, first bad uid -1); expected counts and sizes >= 0, a seed flag "
+         "0 or 1, a route from 0 to 5 and a record number or -1"),
+        ([12, SEED, 1, 12 * 40, 0, 12], "rank 1 announced 12 records of 480 bytes (seed "
+         "flag 1, route 0, first bad uid 12)"),
+        ([12, SEED, 1, 12 * 40, 0, -2], "rank 1 announced 12 records of 480 bytes (seed "
+         "flag 1, route 0, first bad uid -2)"),
+        # Another route than this rank's: by instance id against by permutation.
+        ([12, SEED, 1, 12 * 40, 1, -1], "rank 0: global_shuffle sends records by one "
+         "permutation here, otherwise on rank 1: by instance id (merge by line id)"),
     ],
 )
 def test_announcements_are_bounded_before_anything_is_allocated(attacker, says) -> None:
@@ -422,7 +437,9 @@ def test_announcements_are_bounded_before_anything_is_allocated(attacker, says) 
     with pytest.raises(GlobalShuffleError) as refused:
         gs._check_announced(_table(HONEST, attacker), 0, schema, 8 << 30)
     assert refused.value.peers == (1,)
-    assert str(refused.value).startswith(f"rank 0: global_shuffle: {says}"), refused.value
+    said = str(refused.value)
+    assert said.startswith(says if says.startswith("rank 0") else
+                           f"rank 0: global_shuffle: {says}"), said
 
 
 def test_a_peer_sends_no_more_bytes_over_all_rounds_than_it_announced() -> None:

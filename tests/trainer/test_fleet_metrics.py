@@ -102,6 +102,28 @@ def test_sums_ratios_and_extremes_reduce_over_the_workers():
     assert FleetMetrics(OtherWorkers([other])).max(table).tolist() == [[4, 5], [1, 0]]
     assert FleetMetrics(OtherWorkers([other])).min(table).tolist() == [[1, 2], [-2, -3]]
     assert FleetMetrics(OtherWorkers([other])).sum(table).shape == (2, 2)
+    # Element 0 of each statistic, as Paddle reads them: [abserr, anything].
+    metrics = FleetMetrics(OtherWorkers([[1.0, 50.0], [4, 70]]))
+    assert metrics.mae(np.array([3.0, 99.0]), np.array([4, 80])) == 0.5
+
+
+def test_statistics_are_reduced_as_int64_or_float64_copies():
+    class Alone:
+        def all_reduce(self, input, mode="sum", comm_world="worker"):
+            self.dtype = np.asarray(input).dtype
+            return input  # what fleet.util does for one local worker
+
+    alone = Alone()
+    flags = np.array([True, False])
+    summed = FleetMetrics(alone).sum(flags)
+    assert alone.dtype == np.int64 and summed.tolist() == [1, 0]  # a count, not a logical or
+    FleetMetrics(alone).max(np.array([3], dtype=np.uint32))
+    assert alone.dtype == np.int64  # gloo reduces no unsigned type
+    FleetMetrics(alone).min(np.array([0.5], dtype=np.float32))
+    assert alone.dtype == np.float64
+    table = np.ones(3)
+    FleetMetrics(alone).sum(table)[0] = 7  # the caller's array is not the result
+    assert table.tolist() == [1, 1, 1]
 
 
 @pytest.mark.parametrize(
@@ -116,8 +138,10 @@ def test_sums_ratios_and_extremes_reduce_over_the_workers():
          r"must have shape \[buckets\] or \[1, buckets\], got \(2, 2\)"),
         (lambda m: m.auc([1, -1], [1, 1]), ValueError, "must not be negative"),
         (lambda m: m.auc([1, 2]), TypeError, "auc needs stat_pos and stat_neg"),
-        (lambda m: m.mae([1.0], [0]), ValueError,
+        (lambda m: m.mae([1.0], [0]), ZeroDivisionError,
          "mae: total_ins_num summed over the workers is 0: no instance was counted"),
+        (lambda m: m.sum(np.array([2**63], dtype=np.uint64)), ValueError,
+         "a count of 9223372036854775808 does not fit an int64"),
         (lambda m: m.sum([]), ValueError, "expected at least one value"),
         (lambda m: m.sum(["a"]), TypeError, "expected numbers"),
     ],
@@ -162,6 +186,8 @@ result = {
                              np.array([len(labels)])),
     "max": fleet.metrics.max(np.array([rank, -rank])).tolist(),
     "sum": fleet.metrics.sum(torch.tensor([[1.5, rank]])).tolist(),
+    "flags": fleet.metrics.sum(np.array([True, rank == 0])).tolist(),
+    "unsigned": fleet.metrics.max(np.array([rank + 1], dtype=np.uint32)).tolist(),
 }
 with open(f"{out}/rank{rank}.json", "w") as f:
     json.dump(result, f)
@@ -192,3 +218,5 @@ def test_two_workers_get_the_metrics_of_all_predictions(tmp_path: Path):
     assert got[0]["acc"] == pytest.approx(((scores > 0.5) == labels).mean(), rel=1e-12)
     assert got[0]["max"] == [1, 0]
     assert got[0]["sum"] == [[3.0, 1.0]]
+    assert got[0]["flags"] == [2, 1]  # counted, where gloo's sum of booleans is an or
+    assert got[0]["unsigned"] == [2]  # gloo reduces no unsigned type: sent as int64

@@ -186,7 +186,17 @@ def all_reduce_tensor(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     result = tensor.detach().clone()
     if not dist.is_initialized():
         return result
-    wait_for(dist.all_reduce(result, ops.get(op, dist.ReduceOp.SUM), async_op=True), "all_reduce")
+    if dist.get_backend() == "nccl" and not result.is_cuda:  # NCCL reduces CUDA tensors only
+        on_device = result.to(torch.device("cuda", torch.cuda.current_device()))
+        wait_for(
+            dist.all_reduce(on_device, ops.get(op, dist.ReduceOp.SUM), async_op=True),
+            "all_reduce",
+        )
+        result = on_device.to(tensor.device)
+    else:
+        wait_for(
+            dist.all_reduce(result, ops.get(op, dist.ReduceOp.SUM), async_op=True), "all_reduce"
+        )
     if op == "mean":
         result = result / world_size()
     return result
