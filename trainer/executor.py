@@ -51,6 +51,7 @@ from datafeed.records.memory import release_free_memory
 from . import fleet
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
 from .loop import hogwild_processes
+from .loop.dumps import FieldDumper
 from .loop.run_summary import RunSummary, input_stats, log_summary
 from .loop.train_loop import DatasetPass, debug_line, log_once
 
@@ -262,6 +263,8 @@ class Executor:
             distributed_model=fleet.current().model,
         )
         run.keep_latest = periodic
+        dumps = _dump_settings(model)  # checked now; the writer starts with the pass
+        run.dumps_wanted = dumps is not None
         processes, process_setup = 0, None
         if train and threads > 1 and hogwild:
             run.start_hogwild(optimizer)
@@ -281,6 +284,8 @@ class Executor:
             module.train(train)
         started = time.perf_counter()
         iterator = iter(dataset) if not processes else None
+        run.dumper = FieldDumper(*dumps) if dumps is not None else None
+        dumper_open = run.dumper is not None
         try:
             with monitor or contextlib.nullcontext():  # stopped and joined on failure too
                 if processes:
@@ -289,12 +294,21 @@ class Executor:
                     run.work(iterator, main_thread=True)
                 else:
                     run.work_in_threads(iterator, threads)
+        except BaseException:
+            if dumper_open:  # the pass's own error is the one to raise
+                dumper_open = False
+                with contextlib.suppress(Exception):
+                    run.dumper.close()
+            raise
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
                 close()  # a generator's finally (QueueDataset's readers) runs now
             if module is not None and not train:
                 module.train(was_training)
+            if dumper_open:
+                dumper_open = False
+                run.dumper.close()  # the last lines written; a writer's error raised
             # The pass's batches, activations and gradients are freed now, but
             # glibc keeps their heap pages: successive passes then creep up
             # (+34 MiB RSS over 10 passes of 375k records in benchmarks/soak.py's
@@ -409,3 +423,29 @@ def _model_device(model: Any) -> torch.device | None:
         for parameter in model.parameters():
             return parameter.device
     return None
+
+
+def _dump_settings(model: Any) -> tuple[str, list[str], list[tuple[str, Any]], int] | None:
+    """The arguments of the ``FieldDumper`` that the fleet's strategy asks for
+    (``trainer_desc_configs``: Paddle's per-instance dumps), or None."""
+    configs = fleet.current().strategy.trainer_desc_configs
+    path, fields, params = (
+        configs["dump_fields_path"], configs["dump_fields"], configs["dump_param"]
+    )
+    if not (fields or params):
+        return None
+    if not path:
+        raise ValueError(
+            "trainer_desc_configs names dump_fields or dump_param but no dump_fields_path: "
+            "set the folder the dumps go to"
+        )
+    named = dict(getattr(model, "named_parameters", list)())
+    missing = [name for name in params if name not in named]
+    if missing:
+        raise KeyError(
+            f"trainer_desc_configs['dump_param'] names {missing}, which are not parameters "
+            f"of the model (they are {sorted(named)})"
+        )
+    role = fleet.current()._role  # None before fleet.init(): one local worker
+    worker = role.index if role is not None and role.is_worker else 0
+    return path, fields, [(name, named[name]) for name in params], worker

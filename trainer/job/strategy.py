@@ -36,7 +36,13 @@ _A_SYNC_DEFAULTS: dict[str, Any] = {
     "launch_barrier": True,
 }
 
-_ATTRIBUTES = ("a_sync", "a_sync_configs", "find_unused_parameters")
+_ATTRIBUTES = ("a_sync", "a_sync_configs", "find_unused_parameters", "trainer_desc_configs")
+# Paddle's TrainerDescConfig keys that fleetfeed carries out (trainer/loop/dumps.py).
+_TRAINER_DESC_DEFAULTS: dict[str, Any] = {
+    "dump_fields_path": "",
+    "dump_fields": [],
+    "dump_param": [],
+}
 
 
 class DistributedStrategy:
@@ -51,6 +57,10 @@ class DistributedStrategy:
             selects GEO (workers train locally and push deltas every k steps).
         find_unused_parameters: passed to ``DistributedDataParallel`` in
             collective mode (Paddle's attribute of the same name).
+        trainer_desc_configs: Paddle's per-instance dumps: ``dump_fields_path``
+            (a folder), ``dump_fields`` (model outputs written per instance) and
+            ``dump_param`` (parameters written per batch); see
+            trainer/loop/dumps.py. Assigning a dict updates only its keys.
 
     Raises:
         TypeError: on setting an attribute the strategy does not have (Paddle's
@@ -61,11 +71,15 @@ class DistributedStrategy:
     _a_sync: bool
     _a_sync_configs: dict[str, Any]
     _find_unused_parameters: bool
+    _trainer_desc_configs: dict[str, Any]
 
     def __init__(self) -> None:
         object.__setattr__(self, "_a_sync", True)
         object.__setattr__(self, "_a_sync_configs", dict(_A_SYNC_DEFAULTS))
         object.__setattr__(self, "_find_unused_parameters", False)
+        defaults = {k: list(v) if isinstance(v, list) else v
+                    for k, v in _TRAINER_DESC_DEFAULTS.items()}
+        object.__setattr__(self, "_trainer_desc_configs", defaults)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _ATTRIBUTES:
@@ -140,6 +154,45 @@ class DistributedStrategy:
             )
         object.__setattr__(self, "_find_unused_parameters", flag)
 
+    # -- trainer_desc_configs --------------------------------------------------------
+
+    @property
+    def trainer_desc_configs(self) -> dict[str, Any]:
+        """A copy of the dump settings (assign a dict to change them)."""
+        return {k: list(v) if isinstance(v, list) else v
+                for k, v in self._trainer_desc_configs.items()}
+
+    @trainer_desc_configs.setter
+    def trainer_desc_configs(self, configs: dict[str, Any]) -> None:
+        if not isinstance(configs, dict):
+            raise TypeError(
+                f"DistributedStrategy.trainer_desc_configs must be a dict, got "
+                f"{type(configs).__name__}"
+            )
+        checked = {}
+        for key, value in configs.items():
+            if key not in _TRAINER_DESC_DEFAULTS:
+                raise KeyError(
+                    f"{key!r} is not a trainer_desc_configs key fleetfeed carries out; the "
+                    f"keys are {', '.join(sorted(_TRAINER_DESC_DEFAULTS))}"
+                )
+            if key == "dump_fields_path":
+                if not isinstance(value, str):
+                    raise TypeError(
+                        f"trainer_desc_configs['dump_fields_path'] must be a folder path "
+                        f"(str), got {value!r}"
+                    )
+                checked[key] = value
+            else:
+                if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(name, str) and name for name in value
+                ):
+                    raise TypeError(
+                        f"trainer_desc_configs[{key!r}] must be a list of names, got {value!r}"
+                    )
+                checked[key] = list(value)
+        self._trainer_desc_configs.update(checked)
+
     # -- derived -------------------------------------------------------------------
 
     @property
@@ -171,7 +224,8 @@ class DistributedStrategy:
         return (
             f"DistributedStrategy(a_sync={self._a_sync}, "
             f"a_sync_configs={self._a_sync_configs}, "
-            f"find_unused_parameters={self._find_unused_parameters})"
+            f"find_unused_parameters={self._find_unused_parameters}, "
+            f"trainer_desc_configs={self._trainer_desc_configs})"
         )
 
 

@@ -135,6 +135,8 @@ def _unavailable_reason(run: Any, dataset: Any, step: HogwildStep) -> str | None
         return f"the model runs on {run.device}, not on the CPU"
     if run.fetch_handler is not None or run.keep_latest:
         return "a fetch_handler runs in the trainer's process"
+    if run.dumps_wanted:
+        return "dump_fields are written by the trainer's process"
     others = [
         t.name for t in threading.enumerate()
         if t is not threading.current_thread() and type(t).__name__ not in _FORK_SAFE_THREADS

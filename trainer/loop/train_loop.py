@@ -86,6 +86,9 @@ class DatasetPass:
         # Hogwild trainers cost this model: both reported in the RunSummary.
         self.hogwild_fallback: str | None = None
         self.hogwild_warning: str | None = None
+        # Paddle's dump_fields / dump_param writer (trainer/loop/dumps.py), or None.
+        self.dumper: Any = None
+        self.dumps_wanted = False
         # For a FetchHandler's monitor thread: the last batch and its outputs.
         self.keep_latest = False
         self.latest: tuple[Mapping[str, Any], Any] = ({}, None)
@@ -239,6 +242,8 @@ class DatasetPass:
                 f"fetch_list names {missing} but model(batch) returned only "
                 f"{sorted(outputs)}"
             )
+        if self.dumper is not None:
+            self.dumper.add(batch, outputs)
         loss = outputs.get("loss")
         loss_value = None
         if loss is not None:
