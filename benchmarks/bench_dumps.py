@@ -3,7 +3,7 @@
 ``train_from_dataset(thread=1)`` on the small CTR model (benchmarks/make_small_ctr.py's
 data: 4 files x 20,000 lines, batch 256) without dumps, and with
 ``trainer_desc_configs`` dumping the model's ``prob`` and ``label`` per instance
-(trainer/loop/dumps.py: a writer thread formats and writes them), alternating in
+(trainer/loop/dumps.py: a child process formats and writes them), alternating in
 one process, each run checked to have dumped every record. Prints and writes
 ``benchmarks/results/dumps.md``: records/s, medians and the paired ratio.
 

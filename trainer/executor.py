@@ -284,9 +284,11 @@ class Executor:
             module.train(train)
         started = time.perf_counter()
         iterator = iter(dataset) if not processes else None
-        run.dumper = FieldDumper(*dumps) if dumps is not None else None
-        dumper_open = run.dumper is not None
+        dumper_open = False
         try:
+            if dumps is not None:
+                run.dumper = FieldDumper(*dumps)
+                dumper_open = True
             with monitor or contextlib.nullcontext():  # stopped and joined on failure too
                 if processes:
                     hogwild_processes.run_processes(run, dataset, processes, process_setup)

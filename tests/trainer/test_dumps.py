@@ -14,7 +14,7 @@ from torch import nn
 
 from datafeed import InMemoryDataset, Slot
 from trainer import DistributedStrategy, Executor, fleet
-from trainer.loop.dumps import format_lines
+from trainer.loop.dumps import FieldDumper, format_lines
 
 SLOTS = [Slot("label", "int64", (1,)), Slot("ids", "uint64"), Slot("dense", "float32", (2,))]
 
@@ -62,17 +62,45 @@ def dump_strategy():
 
 
 def test_lines_are_paddles_format() -> None:
+    # Paddle 2.x/3.x device_worker.cc: "%.9g" floats, int64 as "%lu", int32 "%d".
     text = format_lines(
-        3, 2, ["a1", "a2"], None,
+        3, 2, ["a1", "a2"], ["c1", "c2"],
         [("prob", np.array([[0.25], [1e-7]], np.float32)),
-         ("label", np.array([[1, -1], [0, 2]], np.int64))],
-        [("w", np.array([1.5, -2.0], np.float32))],
+         ("label", np.array([[1, -1], [0, 2]], np.int64)),
+         ("small", np.array([[-3], [4]], np.int32))],
+        [("w", np.array([[1.5, -2.0, np.nan]], np.float64))],
     )
     assert text == (
-        "a1\t\tprob:1:0.25\tlabel:2:1:18446744073709551615\n"
-        "a2\t\tprob:1:1e-07\tlabel:2:0:2\n"
-        "(3,w):1.5:-2\n"
+        "a1\tc1\tprob:1:0.25\tlabel:2:1:18446744073709551615\tsmall:1:-3\n"
+        "a2\tc2\tprob:1:1.00000001e-07\tlabel:2:0:2\tsmall:1:4\n"
+        "(3,w):1.5:-2:nan\n"
     )
+    # Without instance ids a line starts with its first field's tab, as in Paddle.
+    assert format_lines(0, 1, None, None, [("p", np.array([[0.5]]))], []) == "\tp:1:0.5\n"
+
+
+def test_ids_that_are_not_utf8_are_written_as_they_were(tmp_path) -> None:
+    raw_id = b"id\xff\xfe"
+    ids = [raw_id.decode("utf-8", "surrogateescape")]  # as the datasets hand them out
+    dumper = FieldDumper(str(tmp_path), ["p"], [], 4)
+
+    class OneRecord:
+        ins_ids, contents = ids, None
+
+    dumper.add(OneRecord(), {"p": torch.tensor([0.5])}, 1)
+    dumper.close()
+    assert (tmp_path / "part-004-00000").read_bytes() == raw_id + b"\t\tp:1:0.5\n"
+
+
+def test_a_writer_that_fails_fails_the_call_with_its_error(
+    tmp_path, dataset, dump_strategy
+) -> None:
+    folder = tmp_path / "dumps"
+    (folder / "part-000-00000").mkdir(parents=True)  # where the file should go
+    dump_strategy(dump_fields_path=str(folder), dump_fields=["prob"])
+    with pytest.raises(RuntimeError, match=r"(?s)writing the dump .*part-000-00000 failed: its "
+                                           r"writer process exited 1: .*IsADirectoryError"):
+        Executor().infer_from_dataset(Model(), dataset)
 
 
 def read_dump(folder: Path) -> list[list[str]]:
@@ -96,7 +124,9 @@ def test_inference_dumps_every_instance_with_the_models_outputs(
             expected += model(batch)["prob"].reshape(-1).tolist()
     for row, prob, i in zip(rows, expected, range(200), strict=True):
         assert row[1] == ""  # no content parsed
-        assert row[2] == f"prob:1:{prob:g}"
+        name, count, text = row[2].split(":")
+        assert (name, count) == ("prob", "1")
+        assert np.float32(float(text)) == np.float32(prob)  # 9 digits: the float32 itself
         assert row[3] == f"label:1:{i % 2}"
 
 
@@ -125,6 +155,23 @@ def test_training_dumps_each_instance_once_and_each_batchs_parameters(
         assert "dump_fields are written by the trainer's process" in caplog.text
 
 
+def test_dumped_parameters_are_their_values_at_each_batch(
+    tmp_path, dataset, dump_strategy
+) -> None:
+    folder = tmp_path / "dumps"
+    dump_strategy(dump_fields_path=str(folder), dump_param=["linear.weight"])
+    model = Model()
+    Executor().train_from_dataset(model, dataset, torch.optim.SGD(model.parameters(), lr=0.0))
+    rows = read_dump(folder)
+    weights = [row[0] for row in rows if row[0].startswith("(")]
+    assert len(weights) == 13
+    expected = model.linear.weight.detach().reshape(-1).tolist()  # lr 0: unchanged
+    for number, line in enumerate(sorted(weights, key=lambda w: int(w[1:].split(",")[0]))):
+        head, *values = line.split(":")
+        assert head == f"({number},linear.weight)"
+        assert [np.float32(float(v)) for v in values] == [np.float32(v) for v in expected]
+
+
 def test_a_second_call_replaces_the_first_calls_file(tmp_path, dataset, dump_strategy) -> None:
     folder = tmp_path / "dumps"
     dump_strategy(dump_fields_path=str(folder), dump_fields=["label"])
@@ -143,6 +190,8 @@ def test_a_second_call_replaces_the_first_calls_file(tmp_path, dataset, dump_str
         ({"dump_fields_path": "DUMPS", "dump_fields": ["nope"]}, KeyError,
          "dump_fields names 'nope', which the model's outputs lack"),
         ({"dump_fields_path": "FILE/sub", "dump_fields": ["prob"]}, OSError, None),
+        ({"dump_fields_path": "DUMPS", "dump_fields": ["loss"]}, ValueError,
+         r"output 'loss' has shape \[\]; a dumped field is \[batch, k\] or \[batch\]"),
     ],
 )
 def test_bad_dump_settings_are_named(
@@ -152,8 +201,10 @@ def test_bad_dump_settings_are_named(
     configs = {k: v.replace("DUMPS", str(tmp_path / "d")).replace("FILE", str(tmp_path / "FILE"))
                if isinstance(v, str) else v for k, v in configs.items()}
     dump_strategy(**configs)
+    model = Model()
     with pytest.raises(error, match=message):
-        Executor().infer_from_dataset(Model(), dataset)
+        Executor().infer_from_dataset(model, dataset)
+    assert model.training  # infer_from_dataset's eval mode ended with the call
 
 
 @pytest.mark.parametrize(

@@ -243,7 +243,7 @@ class DatasetPass:
                 f"{sorted(outputs)}"
             )
         if self.dumper is not None:
-            self.dumper.add(batch, outputs)
+            self.dumper.add(batch, outputs, size)
         loss = outputs.get("loss")
         loss_value = None
         if loss is not None:
