@@ -222,3 +222,18 @@ def test_the_strategy_refuses_what_it_cannot_carry_out(configs, error, message) 
     assert strategy.trainer_desc_configs == {
         "dump_fields_path": "", "dump_fields": [], "dump_param": [],
     }
+
+
+@pytest.mark.parametrize(
+    ("folder", "path"),
+    [
+        ("/data/dumps", "/data/dumps/part-002-00000"),
+        ("hdfs://nn:9000/dumps/day1", "hdfs://nn:9000/dumps/day1/part-002-00000"),
+        ("s3://bucket/d?endpoint_override=localhost%3A9000&scheme=http",
+         "s3://bucket/d/part-002-00000?endpoint_override=localhost%3A9000&scheme=http"),
+    ],
+)
+def test_the_file_goes_in_the_folder_of_a_path_or_a_uri(folder, path) -> None:
+    from trainer.loop.dumps import _join
+
+    assert _join(folder, "part-002-00000") == path
