@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # loaded on first use (the module's __getattr__)
 __all__ = [
     "DistributedStrategy",
     "Fleet",
+    "FleetUtil",
     "MultiSlotDataGenerator",
     "MultiSlotStringDataGenerator",
     "PaddleCloudRoleMaker",
@@ -645,6 +646,80 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
         if not os.path.exists(path):
             raise FileNotFoundError(f"load_persistables: {path} does not exist")
         model.load_state_dict(torch.load(path, weights_only=True))
+
+
+class FleetUtil:
+    """Paddle's ``FleetUtil`` (``paddle.incubate.distributed.fleet.fleet_util``):
+    the online loop's passes and done files, as PaddleRec's online trainer calls
+    them (trainer/loop/online.py says what each writes). Worker 0 writes a done
+    file and every worker of a distributed job then waits for it
+    (``barrier_worker``), as in Paddle; ``hadoop_*`` arguments are accepted for
+    Paddle's signatures (paths are URIs or local, through ``pyarrow.fs``)."""
+
+    def __init__(self, mode: str = "pscore") -> None:
+        self.mode = mode
+
+    @staticmethod
+    def get_online_pass_interval(
+        days: Any, hours: Any, split_interval: Any, split_per_pass: Any,
+        is_data_hourly_placed: bool,
+    ) -> list[list[str]]:
+        """A day's passes, each the folder names of its slices."""
+        from .loop import online
+
+        return online.online_pass_interval(
+            days, hours, split_interval, split_per_pass, is_data_hourly_placed
+        )
+
+    def write_model_donefile(
+        self, output_path: str, day: Any, pass_id: Any, xbox_base_key: Any,
+        hadoop_fs_name: str = "", hadoop_fs_ugi: str = "", hadoop_home: str = "$HADOOP_HOME",
+        donefile_name: str = "donefile.txt",
+    ) -> None:
+        """Lists a completed save in ``output_path/donefile_name`` (once)."""
+        from .loop import online
+
+        self._on_worker_0(lambda: online.write_model_donefile(
+            output_path, day, pass_id, xbox_base_key, donefile_name))
+
+    def write_xbox_donefile(
+        self, output_path: str, day: Any, pass_id: Any, xbox_base_key: Any, data_path: Any,
+        hadoop_fs_name: str = "", hadoop_fs_ugi: str = "", monitor_data: Any = None,
+        hadoop_home: str = "$HADOOP_HOME", donefile_name: str | None = None,
+    ) -> None:
+        """Lists a completed delta (or, for pass -1, base) for the serving side (once)."""
+        from .loop import online
+
+        workers = worker_num() if _FLEET._role is not None else 1
+        self._on_worker_0(lambda: online.write_xbox_donefile(
+            output_path, day, pass_id, xbox_base_key, data_path, fs_name=hadoop_fs_name,
+            worker_num=workers, donefile_name=donefile_name))
+
+    @staticmethod
+    def get_last_save_model(
+        output_path: str, hadoop_fs_name: str = "", hadoop_fs_ugi: str = "",
+        hadoop_home: str = "$HADOOP_HOME",
+    ) -> list[Any]:
+        """``[day, pass_id, model_path, xbox_base_key]`` of the last listed save;
+        Paddle's ``[-1, -1, "", <now>]`` when none."""
+        from .loop import online
+
+        day, pass_id, path, key = online.last_saved_model(output_path)
+        if day == -1:
+            import time
+
+            return [-1, -1, "", int(time.time())]
+        return [day, pass_id, path, key]
+
+    @staticmethod
+    def _on_worker_0(write: Any) -> None:
+        role = _FLEET._role
+        if role is None or not role.distributed:
+            write()
+            return
+        if role.is_worker and role.index == 0:
+            write()
+        _FLEET.barrier_worker()
 
 
 _FLEET = Fleet()

@@ -1,0 +1,140 @@
+"""The online loop's parts with Paddle's FleetUtil names: the passes of a day,
+the wait for a slice's done file, and the done files listing each save."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.loop.online import (
+    DoneFileTimeout,
+    last_saved_model,
+    online_pass_interval,
+    wait_for_done_file,
+    write_model_donefile,
+    write_xbox_donefile,
+)
+
+
+def test_a_day_of_five_minute_slices_in_passes_of_an_hour() -> None:
+    passes = online_pass_interval("20261127", "{0..23}", 5, 12, False)
+    assert len(passes) == 24
+    assert passes[0] == [f"00{m:02}" for m in range(0, 60, 5)]
+    assert passes[23][-1] == "2355"
+    # What Paddle's FleetUtil.get_online_pass_interval gives for these arguments:
+    # every 5-minute split of the day, 12 to a pass.
+    assert [s for p in passes for s in p] == [
+        f"{h:02}{m:02}" for h in range(24) for m in range(0, 60, 5)
+    ]
+
+
+def test_hourly_folders_and_hours_that_do_not_start_at_midnight() -> None:
+    assert online_pass_interval("{20261127}", "{8..11}", 60, 2, True) == [
+        ["08", "09"], ["10", "11"],
+    ]
+    # Paddle's loop starts at midnight and runs out of splits here (IndexError).
+    assert online_pass_interval("1", "{8..9}", 30, 2, False) == [
+        ["0800", "0830"], ["0900", "0930"],
+    ]
+    # Splits that fill no last pass are left out, as in Paddle.
+    assert online_pass_interval("1", "{0..2}", 60, 2, True) == [["00", "01"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("1", "0..23", 5, 12, False), r"hours must be a number, '\{N\}' or a range"),
+        (("1", "{5..2}", 5, 12, False), "runs backwards"),
+        (("1; rm -rf /", "{0..23}", 5, 12, False), "days must be a number"),
+        (("1", "{0..24}", 5, 12, False), "hours must lie in 0..23"),
+        (("1", "{0..23}", 7, 12, False), "split_interval must be a divisor or a multiple"),
+    ],
+)
+def test_bad_intervals_are_named(args, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        online_pass_interval(*args)
+
+
+def test_the_wait_ends_when_the_done_file_appears(tmp_path: Path) -> None:
+    folder = tmp_path / "20261127" / "08"
+    folder.mkdir(parents=True)
+    timer = threading.Timer(0.3, lambda: (folder / "to.hadoop.done").touch())
+    timer.start()
+    try:
+        waited = wait_for_done_file(str(folder), poll_interval=0.05, timeout=30)
+    finally:
+        timer.cancel()
+    assert 0.25 <= waited < 30
+
+
+def test_a_slice_that_stays_incomplete_times_out_naming_it(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(DoneFileTimeout, match=rf"the slice {tmp_path} is not complete: "
+                                              r"_SUCCESS did not appear within 0.3 s"):
+        wait_for_done_file(str(tmp_path), "_SUCCESS", poll_interval=0.1, timeout=0.3)
+    assert time.monotonic() - started < 5
+
+
+def test_the_model_done_file_lists_each_save_once(tmp_path: Path) -> None:
+    out = str(tmp_path)
+    assert last_saved_model(out) == (-1, -1, "", -1)
+    assert write_model_donefile(out, 20261127, 1, 1700000000)
+    assert write_model_donefile(out, "20261127", 2, 1700000000)
+    assert not write_model_donefile(out, 20261127, "1", 1700000000)  # listed already
+    assert write_model_donefile(out, 20261127, -1, 1700000000)  # the day's base
+    assert (tmp_path / "donefile.txt").read_text() == (
+        f"20261127\t1700000000\t{out}/20261127/1/\t1\t0\n"
+        f"20261127\t1700000000\t{out}/20261127/2/\t2\t0\n"
+        f"20261127\t1700000000\t{out}/20261127/0/\t-1\t0\n"
+    )
+    assert last_saved_model(out) == (20261127, -1, f"{out}/20261127/0/", 1700000000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["donefile.txt"]  # no temporaries
+
+
+def test_the_serving_done_file_takes_only_later_saves(tmp_path: Path) -> None:
+    out = str(tmp_path)
+    assert write_xbox_donefile(out, 20261127, 3, 1700000000, ["data/08", "data/09"],
+                               fs_name="hdfs://nn", worker_num=2, record_count=12345)
+    assert not write_xbox_donefile(out, 20261127, 3, 1700000000, "data/08")  # again
+    assert not write_xbox_donefile(out, 20261127, 2, 1700000000, "data/07")  # earlier
+    assert write_xbox_donefile(out, 20261128, 1, 1700000000, "data/00")
+    lines = (tmp_path / "xbox_patch_done.txt").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert list(first) == [
+        "id", "key", "input", "record_count", "partition_type", "job_name", "ins_tag",
+        "ins_path", "job_id", "monitor_data", "monitor_path", "mpi_size",
+    ]
+    assert first["key"] == "1700000000"
+    assert first["input"] == f"hdfs://nn{out}/20261127/delta-3/000"
+    assert first["record_count"] == "12345" and first["mpi_size"] == "2"
+    assert first["ins_path"] == "data/08,data/09"
+    assert json.loads(lines[1])["input"].endswith("/20261128/delta-1/000")
+    assert len(lines) == 2
+    # A base goes to its own file, its id the base key.
+    assert write_xbox_donefile(out, 20261128, -1, 1700000500, "data")
+    assert not write_xbox_donefile(out, 20261128, -1, 1700000600, "data")
+    (base,) = (tmp_path / "xbox_base_done.txt").read_text().splitlines()
+    assert json.loads(base)["id"] == "1700000500"
+    assert json.loads(base)["input"].endswith("/20261128/base/000")
+
+
+def test_fleet_util_is_paddles_interface_to_them(tmp_path: Path) -> None:
+    from trainer import fleet
+    from trainer.fleet import FleetUtil
+
+    fleet.init()  # one local worker: it writes, no barrier
+    util = FleetUtil()
+    assert util.get_online_pass_interval("1", "{0..1}", 60, 1, True) == [["00"], ["01"]]
+    empty = util.get_last_save_model(str(tmp_path), "hdfs://nn", "user,pass")
+    assert empty[:3] == [-1, -1, ""] and abs(empty[3] - time.time()) < 60  # Paddle's "now"
+    util.write_model_donefile(str(tmp_path), 20261127, 5, 1700000000, "", "")
+    util.write_xbox_donefile(str(tmp_path), 20261127, 5, 1700000000, "data/05", "", "")
+    assert util.get_last_save_model(str(tmp_path), "", "") == [
+        20261127, 5, f"{tmp_path}/20261127/5/", 1700000000,
+    ]
+    (line,) = (tmp_path / "xbox_patch_done.txt").read_text().splitlines()
+    assert json.loads(line)["mpi_size"] == "1"

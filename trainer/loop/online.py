@@ -1,0 +1,218 @@
+"""The parts of PaddleRec's online loop that decide what a pass is and what
+the serving side is told: passes over time-sliced folders, the wait for a
+slice's done file, and the done files that list each completed save.
+
+Names and formats are those of Paddle's ``FleetUtil``
+(``paddle.incubate.distributed.fleet.fleet_util``), which PaddleRec's online
+trainer calls:
+
+- ``online_pass_interval(days, hours, split_interval, split_per_pass,
+  is_data_hourly_placed)``: a day's passes, each the list of its slices'
+  folder names (``"HH"`` or ``"HHMM"``). Paddle expands ``days`` and ``hours``
+  (``"{0..23}"``) with a shell; here they are parsed, never run.
+- ``write_model_donefile``: appends ``day<TAB>xbox_base_key<TAB>model_path
+  <TAB>pass_id<TAB>0`` to ``<output_path>/donefile.txt``, model_path being
+  ``<output_path>/<day>/<pass_id>/`` (``/<day>/0/`` for pass -1, a base).
+- ``write_xbox_donefile``: appends one JSON line per save for the serving side
+  to ``xbox_patch_done.txt`` (a delta, ``<day>/delta-<pass>/``) or
+  ``xbox_base_done.txt`` (pass -1, a base, ``<day>/base/``), with Paddle's
+  keys (``id``, ``key``, ``input``, ``record_count``, ...).
+- ``last_saved_model``: the last line of ``donefile.txt``, for a restart.
+
+Unlike Paddle, a done file is replaced whole or not at all (a new file, then
+a rename: Paddle deletes the old one before uploading the new, so a crash
+between the two loses every line), a save already listed is never listed
+again (Paddle's xbox file also skips it; its model file compares day and pass
+as numbers, as here), and only the caller decides which worker writes.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+__all__ = [
+    "DoneFileTimeout",
+    "last_saved_model",
+    "online_pass_interval",
+    "wait_for_done_file",
+    "write_model_donefile",
+    "write_xbox_donefile",
+]
+
+_RANGE = re.compile(r"^(?:(\d+)|\{(\d+)\.\.(\d+)\}|\{(\d+)\})$")
+
+
+class DoneFileTimeout(TimeoutError):
+    """A slice's done file did not appear within the timeout."""
+
+
+def _expand(what: str, text: Any) -> list[int]:
+    """``"7"``, ``"{7}"`` or ``"{0..23}"`` (Paddle's shell braces) as numbers."""
+    match = _RANGE.match(str(text).strip())
+    if match is None:
+        raise ValueError(
+            f"{what} must be a number, '{{N}}' or a range '{{A..B}}' (as Paddle's "
+            f"online_pass_interval takes it), got {text!r}"
+        )
+    single, first, last, braced = match.groups()
+    if single is not None or braced is not None:
+        return [int(single if single is not None else braced)]
+    if int(first) > int(last):
+        raise ValueError(f"{what}: the range {text!r} runs backwards")
+    return list(range(int(first), int(last) + 1))
+
+
+def online_pass_interval(
+    days: Any, hours: Any, split_interval: Any, split_per_pass: Any,
+    is_data_hourly_placed: bool,
+) -> list[list[str]]:
+    """A day's passes: each the folder names of its ``split_per_pass`` slices of
+    ``split_interval`` minutes, over ``hours`` (``"{0..23}"``); ``"HH"`` when
+    the data is placed hourly, else ``"HHMM"``. Splits that do not fill a last
+    pass are left out, as in Paddle.
+
+    Raises:
+        ValueError: a malformed ``days`` or ``hours``, or intervals that do not
+            divide an hour into whole splits.
+    """
+    _expand("days", days)  # checked as Paddle does; the passes are the same each day
+    hour_list = _expand("hours", hours)
+    if hour_list[0] < 0 or hour_list[-1] > 23:
+        raise ValueError(f"hours must lie in 0..23, got {hours!r}")
+    interval, per_pass = int(split_interval), int(split_per_pass)
+    if interval < 1 or 60 % interval and interval % 60 or per_pass < 1:
+        raise ValueError(
+            f"split_interval must be a divisor or a multiple of 60 minutes and "
+            f"split_per_pass >= 1, got {split_interval!r} and {split_per_pass!r}"
+        )
+    splits = []
+    for minute in range(hour_list[0] * 60, (hour_list[-1] + 1) * 60, interval):
+        hour, rest = divmod(minute, 60)
+        splits.append(f"{hour:02}" if is_data_hourly_placed else f"{hour:02}{rest:02}")
+    return [splits[i : i + per_pass] for i in range(0, len(splits) - per_pass + 1, per_pass)]
+
+
+def wait_for_done_file(
+    folder: str, done_file: str = "to.hadoop.done", poll_interval: float = 60.0,
+    timeout: float | None = None, filesystem: Any = None,
+) -> float:
+    """Waits until ``folder/done_file`` exists (a slice is complete); returns the
+    seconds waited.
+
+    Raises:
+        DoneFileTimeout: it did not appear within ``timeout`` seconds.
+    """
+    from datafeed.source import fs  # pyarrow: not at import trainer
+
+    path = posixpath.join(folder, done_file) if "://" in folder else f"{folder}/{done_file}"
+    started = time.monotonic()
+    while not fs.exists(path, filesystem):
+        waited = time.monotonic() - started
+        if timeout is not None and waited >= timeout:
+            raise DoneFileTimeout(
+                f"the slice {folder} is not complete: {done_file} did not appear within "
+                f"{timeout:g} s (polled every {poll_interval:g} s)"
+            )
+        time.sleep(min(poll_interval, timeout - waited) if timeout is not None else poll_interval)
+    return time.monotonic() - started
+
+
+def _read_lines(path: str) -> list[str]:
+    from datafeed.source import fs
+
+    if not fs.exists(path):
+        return []
+    with fs.open_input(path) as stream:
+        return [line for line in stream.read().decode().split("\n") if line.strip()]
+
+
+def _replace(path: str, lines: list[str]) -> None:
+    """Writes ``lines`` as the file ``path``, whole or not at all."""
+    from datafeed.source import fs
+
+    content = "".join(line + "\n" for line in lines).encode()
+    if "://" not in path:
+        fs.write_atomically(path, content)
+        return
+    filesystem, target = fs.resolve(path)
+    temporary = f"{target}.{uuid.uuid4().hex}.tmp"
+    with filesystem.open_output_stream(temporary, compression=None) as out:
+        out.write(content)
+    filesystem.move(temporary, target)
+
+
+def write_model_donefile(
+    output_path: str, day: Any, pass_id: Any, xbox_base_key: Any,
+    donefile_name: str = "donefile.txt",
+) -> bool:
+    """Lists a completed model save in ``output_path/donefile_name`` (Paddle's
+    line); returns False, writing nothing, when that day and pass are listed."""
+    day, pass_id, key = str(day), str(pass_id), int(xbox_base_key)
+    model_path = output_path.rstrip("/") + f"/{day}/{pass_id if pass_id != '-1' else 0}/"
+    path = output_path.rstrip("/") + "/" + donefile_name
+    lines = _read_lines(path)
+    for line in lines:
+        fields = line.split("\t")
+        if len(fields) >= 4 and int(fields[0]) == int(day) and int(fields[3]) == int(pass_id):
+            return False
+    _replace(path, [*lines, f"{day}\t{key}\t{model_path}\t{pass_id}\t0"])
+    return True
+
+
+def write_xbox_donefile(
+    output_path: str, day: Any, pass_id: Any, xbox_base_key: Any, data_path: Any,
+    fs_name: str = "", worker_num: int = 1, donefile_name: str | None = None,
+    record_count: int | None = None, job_id: str = "",
+) -> bool:
+    """Lists a completed save for the serving side (Paddle's xbox line); returns
+    False, writing nothing, when the file already lists that save or a later one.
+
+    ``record_count``: the rows saved (Paddle writes the placeholder "111111").
+    """
+    day, pass_id, key = str(day), str(pass_id), int(xbox_base_key)
+    base = pass_id == "-1"
+    model_path = output_path.rstrip("/") + (f"/{day}/base/" if base else f"/{day}/delta-{pass_id}/")
+    name = donefile_name or ("xbox_base_done.txt" if base else "xbox_patch_done.txt")
+    path = output_path.rstrip("/") + "/" + name
+    lines = _read_lines(path)
+    if lines:
+        last = json.loads(lines[-1])["input"].split("/")
+        last_day, last_pass = int(last[-3]), int(last[-2].split("-")[-1] if not base else -1)
+        if (int(day), int(pass_id)) <= (last_day, last_pass):
+            return False
+    if model_path.startswith(("hdfs:", "afs:")):
+        model_path = model_path[model_path.find(":") + 1 :]
+    entry: OrderedDict[str, str] = OrderedDict()
+    entry["id"] = str(key) if base else str(int(time.time()))
+    entry["key"] = str(key)
+    entry["input"] = fs_name + model_path.rstrip("/") + "/000"
+    entry["record_count"] = str(record_count) if record_count is not None else "111111"
+    entry["partition_type"] = "2"
+    entry["job_name"] = "default_job_name"
+    entry["ins_tag"] = "feasign"
+    entry["ins_path"] = ",".join(data_path) if isinstance(data_path, list) else str(data_path)
+    entry["job_id"] = job_id
+    entry["monitor_data"] = ""
+    entry["monitor_path"] = output_path.rstrip("/") + "/monitor/" + day + ".txt"
+    entry["mpi_size"] = str(worker_num)
+    _replace(path, [*lines, json.dumps(entry)])
+    return True
+
+
+def last_saved_model(
+    output_path: str, donefile_name: str = "donefile.txt"
+) -> tuple[int, int, str, int]:
+    """``(day, pass_id, model_path, xbox_base_key)`` of the last save that
+    ``donefile_name`` lists; ``(-1, -1, "", -1)`` when none (Paddle's
+    ``get_last_save_model``)."""
+    lines = _read_lines(output_path.rstrip("/") + "/" + donefile_name)
+    if not lines:
+        return -1, -1, "", -1
+    day, key, model_path, pass_id = lines[-1].split("\t")[:4]
+    return int(day), int(pass_id), model_path, int(key)
