@@ -157,3 +157,50 @@ def test_model_parallel_alexnet_two_processes(tmp_path):
     assert len(accuracy) == 3 and accuracy[-1] > 0.6, result.stdout
     assert losses[-1] < 0.6 * losses[0]
     assert "replicated parameters in sync across 2 ranks: True" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_online_training_trains_each_arriving_slice_once_and_lists_each_save_once(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    online = EXAMPLES / "online_training"
+    # Three hourly slices land while the job runs: the job waits for each done file.
+    slices = subprocess.Popen(
+        [sys.executable, str(online / "make_slices.py"), "online_data", "--hours", "3",
+         "--lines", "300", "--every", "0.2"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    job = [sys.executable, "-m", "trainer.job.launch", "--server_num=1", "--worker_num=2",
+           str(online / "train.py"), "--data", "online_data", "--out", "online_out",
+           "--hours", "{0..2}", "--timeout", "60"]
+    try:
+        first = subprocess.run(job, cwd=tmp_path, env=env, capture_output=True, text=True,
+                               timeout=180, check=False)
+    finally:
+        slices.wait(timeout=60)
+    log = (tmp_path / "log" / "workerlog.0").read_text()
+    assert first.returncode == 0, first.stdout + first.stderr + log
+    aucs = re.findall(r"^day 20261127 pass (\d) \((\d\d)\): 600 records, cluster AUC ([0-9.]+)$",
+                      log, re.MULTILINE)
+    assert [(p, s) for p, s, _ in aucs] == [("1", "00"), ("2", "01"), ("3", "02")], log
+    assert float(aucs[-1][2]) > 0.8  # the slices follow a logistic model the job learns
+    out = tmp_path / "online_out"
+    # Every record of a pass dumped once over both workers, by its instance id.
+    for number, hour in ((1, "00"), (2, "01"), (3, "02")):
+        dumped = [line.split("\t")[0]
+                  for part in sorted((out / "dump" / "20261127" / str(number)).iterdir())
+                  for line in part.read_text().splitlines()]
+        expected = [f"20261127{hour}-{k}-{i}"
+                    for k in range(2) for i in range(300)]
+        assert sorted(dumped) == sorted(expected), number
+    donefile = (out / "donefile.txt").read_text().splitlines()
+    assert [line.split("\t")[3] for line in donefile] == ["1", "2", "3", "-1"]
+    assert len((out / "xbox_patch_done.txt").read_text().splitlines()) == 3
+    assert len((out / "xbox_base_done.txt").read_text().splitlines()) == 1
+    # A restart reads donefile.txt: nothing is trained or listed twice.
+    again = subprocess.run(job, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120, check=False)
+    log = (tmp_path / "log" / "workerlog.0").read_text()
+    assert again.returncode == 0, again.stdout + again.stderr + log
+    assert "resuming after day 20261127 pass -1" in log and "cluster AUC" not in log
+    assert (out / "donefile.txt").read_text().splitlines() == donefile
