@@ -679,8 +679,9 @@ class FleetUtil:
         """Lists a completed save in ``output_path/donefile_name`` (once)."""
         from .loop import online
 
+        path = _paddle_path(output_path, hadoop_fs_name)
         self._on_worker_0(lambda: online.write_model_donefile(
-            output_path, day, pass_id, xbox_base_key, donefile_name))
+            path, day, pass_id, xbox_base_key, donefile_name))
 
     def write_xbox_donefile(
         self, output_path: str, day: Any, pass_id: Any, xbox_base_key: Any, data_path: Any,
@@ -691,9 +692,11 @@ class FleetUtil:
         from .loop import online
 
         workers = worker_num() if _FLEET._role is not None else 1
+        path = _paddle_path(output_path, hadoop_fs_name)
         self._on_worker_0(lambda: online.write_xbox_donefile(
-            output_path, day, pass_id, xbox_base_key, data_path, fs_name=hadoop_fs_name,
-            worker_num=workers, donefile_name=donefile_name))
+            path, day, pass_id, xbox_base_key, data_path, fs_name=hadoop_fs_name,
+            worker_num=workers, donefile_name=donefile_name,
+            job_id=os.environ.get("JOB_ID", "")))
 
     @staticmethod
     def get_last_save_model(
@@ -704,7 +707,8 @@ class FleetUtil:
         Paddle's ``[-1, -1, "", <now>]`` when none."""
         from .loop import online
 
-        day, pass_id, path, key = online.last_saved_model(output_path)
+        day, pass_id, path, key = online.last_saved_model(
+            _paddle_path(output_path, hadoop_fs_name))
         if day == -1:
             import time
 
@@ -720,6 +724,23 @@ class FleetUtil:
         if role.is_worker and role.index == 0:
             write()
         _FLEET.barrier_worker()
+
+
+def _paddle_path(path: str, fs_name: str) -> str:
+    """Paddle's done-file paths: a path on ``hadoop_fs_name`` ("hdfs://nn:9000")
+    as a URI (``hdfs:/x`` or ``/x`` on it); a URI or, without a file system
+    name, a local path as it is."""
+    if "://" in path:
+        return path
+    bare = path.split(":", 1)[1] if path.startswith(("hdfs:", "afs:")) else path
+    if fs_name:
+        return fs_name.rstrip("/") + "/" + bare.lstrip("/")
+    if bare != path:
+        raise ValueError(
+            f"{path!r} is a path on a Hadoop file system, but hadoop_fs_name is empty: "
+            "give the file system's name (hdfs://namenode:port), or a full URI"
+        )
+    return path
 
 
 _FLEET = Fleet()

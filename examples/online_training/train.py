@@ -58,9 +58,13 @@ class Ctr(nn.Module):
 
 def pass_files(data: str, day: str, slices: list[str]) -> list[str]:
     files = []
-    for name in slices:
+    for name in dict.fromkeys(slices):  # hourly folders repeat for splits under an hour
         files += sorted(glob.glob(os.path.join(data, day, name, "part-*.txt")))
     return fleet.util.get_file_shard(files)
+
+
+def folders_of(data: str, day: str, slices: list[str]) -> list[str]:
+    return [os.path.join(data, day, name) for name in dict.fromkeys(slices)]
 
 
 def complete(data: str, day: str, slices: list[str]) -> bool:
@@ -99,9 +103,21 @@ def main() -> None:
     first = fleet.is_first_worker()
     passes = util.get_online_pass_interval(args.day, args.hours, 60, args.split_per_pass, True)
     day_done = last_day == int(args.day) and last_pass == -1  # its base is listed
-    if last_day != -1 and first:
-        print(f"resuming after day {last_day} pass {last_pass}", flush=True)
+    if last_day != -1:
+        if first:
+            print(f"resuming after day {last_day} pass {last_pass}", flush=True)
+        # donefile.txt lists a save before xbox_patch_done.txt does (below): a job
+        # that died between the two lists the delta now (a no-op when listed).
+        folders = (args.data if last_pass == -1
+                   else folders_of(args.data, str(last_day), passes[last_pass - 1]))
+        util.write_xbox_donefile(args.out, last_day, last_pass, key, folders)
     xbox_key = key if last_day != -1 else int(time.time())
+    if last_day == -1:
+        # A first start: a full save, from which the first pass's delta counts
+        # (a restart's servers loaded the last listed save, which does the same).
+        if first:
+            fleet.save_persistables(os.path.join(args.out, "start"))
+        fleet.barrier_worker()
     executor = Executor()
     preloaded = None
     for pass_id, slices in enumerate(passes, 1):
@@ -134,23 +150,28 @@ def main() -> None:
         )
         auc = fleet.metrics.auc(metric)
         records = int(fleet.metrics.sum(summary.records))
+        dataset.release_memory()
         if first:
             print(f"day {args.day} pass {pass_id} ({','.join(slices)}): {records} records, "
                   f"cluster AUC {auc:.4f}", flush=True)
-            fleet.save_persistables(os.path.join(args.out, args.day, str(pass_id)))
+            # The delta first: a full save counts every row as saved, so a delta
+            # after it would hold nothing.
             fleet.save_persistables(os.path.join(args.out, args.day, f"delta-{pass_id}"), mode=1)
+            fleet.save_persistables(os.path.join(args.out, args.day, str(pass_id)))
         fleet.barrier_worker()  # both saves complete before they are listed
-        folders = [os.path.join(args.data, args.day, s) for s in slices]
+        # The pass is done once donefile.txt lists it; the serving side's line
+        # follows (a restart adds it if the job died in between).
         util.write_model_donefile(args.out, args.day, pass_id, xbox_key)
-        util.write_xbox_donefile(args.out, args.day, pass_id, xbox_key, folders)
+        util.write_xbox_donefile(args.out, args.day, pass_id, xbox_key,
+                                 folders_of(args.data, args.day, slices))
     if not day_done:
         fleet.shrink()  # the day's end: rows unseen for too long go
         if first:  # the day's model (donefile.txt's <day>/0/) and its base for serving
             fleet.save_persistables(os.path.join(args.out, args.day, "0"))
             fleet.save_persistables(os.path.join(args.out, args.day, "base"), mode=0)
         fleet.barrier_worker()
-        util.write_xbox_donefile(args.out, args.day, -1, xbox_key, args.data)
         util.write_model_donefile(args.out, args.day, -1, xbox_key)
+        util.write_xbox_donefile(args.out, args.day, -1, xbox_key, args.data)
     fleet.stop_worker()
 
 

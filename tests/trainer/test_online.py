@@ -42,6 +42,11 @@ def test_hourly_folders_and_hours_that_do_not_start_at_midnight() -> None:
     ]
     # Splits that fill no last pass are left out, as in Paddle.
     assert online_pass_interval("1", "{0..2}", 60, 2, True) == [["00", "01"]]
+    # As Paddle: the hours' minutes // split_interval splits (3 h of 120 min: one).
+    assert online_pass_interval("1", "{0..2}", 120, 1, True) == [["00"]]
+    assert online_pass_interval("1", "{0}", 7, 4, False) == [
+        ["0000", "0007", "0014", "0021"], ["0028", "0035", "0042", "0049"],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -51,7 +56,7 @@ def test_hourly_folders_and_hours_that_do_not_start_at_midnight() -> None:
         (("1", "{5..2}", 5, 12, False), "runs backwards"),
         (("1; rm -rf /", "{0..23}", 5, 12, False), "days must be a number"),
         (("1", "{0..24}", 5, 12, False), "hours must lie in 0..23"),
-        (("1", "{0..23}", 7, 12, False), "split_interval must be a divisor or a multiple"),
+        (("1", "{0..23}", 0, 12, False), r"split_interval \(minutes\) and split_per_pass must"),
     ],
 )
 def test_bad_intervals_are_named(args, message) -> None:
@@ -129,7 +134,7 @@ def test_fleet_util_is_paddles_interface_to_them(tmp_path: Path) -> None:
     fleet.init()  # one local worker: it writes, no barrier
     util = FleetUtil()
     assert util.get_online_pass_interval("1", "{0..1}", 60, 1, True) == [["00"], ["01"]]
-    empty = util.get_last_save_model(str(tmp_path), "hdfs://nn", "user,pass")
+    empty = util.get_last_save_model(str(tmp_path), "", "user,pass")
     assert empty[:3] == [-1, -1, ""] and abs(empty[3] - time.time()) < 60  # Paddle's "now"
     util.write_model_donefile(str(tmp_path), 20261127, 5, 1700000000, "", "")
     util.write_xbox_donefile(str(tmp_path), 20261127, 5, 1700000000, "data/05", "", "")
@@ -138,3 +143,42 @@ def test_fleet_util_is_paddles_interface_to_them(tmp_path: Path) -> None:
     ]
     (line,) = (tmp_path / "xbox_patch_done.txt").read_text().splitlines()
     assert json.loads(line)["mpi_size"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("path", "fs_name", "expected"),
+    [
+        ("hdfs:/user/ctr/out", "hdfs://nn:9000", "hdfs://nn:9000/user/ctr/out"),
+        ("/user/ctr/out", "hdfs://nn:9000/", "hdfs://nn:9000/user/ctr/out"),
+        ("s3://bucket/out", "hdfs://nn:9000", "s3://bucket/out"),
+        ("online_out", "", "online_out"),
+    ],
+)
+def test_paddles_paths_on_a_hadoop_file_system_become_uris(path, fs_name, expected) -> None:
+    from trainer.fleet import _paddle_path
+
+    assert _paddle_path(path, fs_name) == expected
+
+
+def test_a_hadoop_path_without_the_file_systems_name_is_refused() -> None:
+    from trainer.fleet import FleetUtil
+
+    with pytest.raises(ValueError, match="'afs:/user/x' is a path on a Hadoop file system, "
+                                         "but hadoop_fs_name is empty"):
+        FleetUtil().get_last_save_model("afs:/user/x", "", "")
+
+
+def test_a_failing_look_is_waited_through_and_named_at_the_timeout(monkeypatch) -> None:
+    from datafeed.source import fs
+
+    looked = []
+
+    def unreachable(path, filesystem=None):  # as a remote store that does not answer
+        looked.append(path)
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(fs, "exists", unreachable)
+    with pytest.raises(DoneFileTimeout, match="the last look failed: connection refused"):
+        wait_for_done_file("s3://bucket/d?region=x", "_SUCCESS", 0.05, 0.2)
+    assert len(looked) > 1  # it kept looking
+    assert looked[0] == "s3://bucket/d/_SUCCESS?region=x"  # the query stays last

@@ -23,11 +23,14 @@ Unlike Paddle, a done file is replaced whole or not at all (a new file, then
 a rename: Paddle deletes the old one before uploading the new, so a crash
 between the two loses every line), a save already listed is never listed
 again (Paddle's xbox file also skips it; its model file compares day and pass
-as numbers, as here), and only the caller decides which worker writes.
+as numbers, as here), and only the caller decides which worker writes: one
+process writes a done file at a time (``FleetUtil``: worker 0), since a
+writer reads the file, adds its line and replaces it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import re
@@ -35,9 +38,11 @@ import time
 import uuid
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "DoneFileTimeout",
+    "join",
     "last_saved_model",
     "online_pass_interval",
     "wait_for_done_file",
@@ -86,13 +91,15 @@ def online_pass_interval(
     if hour_list[0] < 0 or hour_list[-1] > 23:
         raise ValueError(f"hours must lie in 0..23, got {hours!r}")
     interval, per_pass = int(split_interval), int(split_per_pass)
-    if interval < 1 or 60 % interval and interval % 60 or per_pass < 1:
+    if interval < 1 or per_pass < 1:
         raise ValueError(
-            f"split_interval must be a divisor or a multiple of 60 minutes and "
-            f"split_per_pass >= 1, got {split_interval!r} and {split_per_pass!r}"
+            f"split_interval (minutes) and split_per_pass must be >= 1, got "
+            f"{split_interval!r} and {split_per_pass!r}"
         )
+    # As Paddle: the hours' minutes // split_interval splits, from the first hour.
+    count = (hour_list[-1] - hour_list[0] + 1) * 60 // interval
     splits = []
-    for minute in range(hour_list[0] * 60, (hour_list[-1] + 1) * 60, interval):
+    for minute in range(hour_list[0] * 60, hour_list[0] * 60 + count * interval, interval):
         hour, rest = divmod(minute, 60)
         splits.append(f"{hour:02}" if is_data_hourly_placed else f"{hour:02}{rest:02}")
     return [splits[i : i + per_pass] for i in range(0, len(splits) - per_pass + 1, per_pass)]
@@ -103,24 +110,39 @@ def wait_for_done_file(
     timeout: float | None = None, filesystem: Any = None,
 ) -> float:
     """Waits until ``folder/done_file`` exists (a slice is complete); returns the
-    seconds waited.
+    seconds waited. A filesystem error while looking (a remote store that did
+    not answer) counts as "not there yet": the job goes on waiting.
 
     Raises:
-        DoneFileTimeout: it did not appear within ``timeout`` seconds.
+        DoneFileTimeout: it did not appear within ``timeout`` seconds (None: no limit).
     """
     from datafeed.source import fs  # pyarrow: not at import trainer
 
-    path = posixpath.join(folder, done_file) if "://" in folder else f"{folder}/{done_file}"
+    path = join(folder, done_file)
     started = time.monotonic()
-    while not fs.exists(path, filesystem):
+    last_error: OSError | None = None
+    while True:
+        try:
+            if fs.exists(path, filesystem):
+                return time.monotonic() - started
+        except OSError as error:
+            last_error = error
         waited = time.monotonic() - started
         if timeout is not None and waited >= timeout:
+            why = f"; the last look failed: {last_error}" if last_error is not None else ""
             raise DoneFileTimeout(
                 f"the slice {folder} is not complete: {done_file} did not appear within "
-                f"{timeout:g} s (polled every {poll_interval:g} s)"
+                f"{timeout:g} s (polled every {poll_interval:g} s){why}"
             )
         time.sleep(min(poll_interval, timeout - waited) if timeout is not None else poll_interval)
-    return time.monotonic() - started
+
+
+def join(folder: str, name: str) -> str:
+    """``folder/name`` for a local folder or a URI (whose query stays last)."""
+    if "://" not in folder:
+        return folder.rstrip("/") + "/" + name
+    parts = urlsplit(folder)
+    return urlunsplit(parts._replace(path=posixpath.join(parts.path or "/", name)))
 
 
 def _read_lines(path: str) -> list[str]:
@@ -142,9 +164,14 @@ def _replace(path: str, lines: list[str]) -> None:
         return
     filesystem, target = fs.resolve(path)
     temporary = f"{target}.{uuid.uuid4().hex}.tmp"
-    with filesystem.open_output_stream(temporary, compression=None) as out:
-        out.write(content)
-    filesystem.move(temporary, target)
+    try:
+        with filesystem.open_output_stream(temporary, compression=None) as out:
+            out.write(content)
+        filesystem.move(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            filesystem.delete_file(temporary)
+        raise
 
 
 def write_model_donefile(
