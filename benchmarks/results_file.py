@@ -44,8 +44,9 @@ def commit() -> str:
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10, check=False)
+        # The results a running benchmark rewrites are not code it measures.
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no"],
+                                "--untracked-files=no", "--", ".", ":!benchmarks/results"],
                                capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
