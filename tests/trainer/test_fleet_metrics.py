@@ -156,8 +156,14 @@ def test_bad_inputs_are_named(call, error, message):
 
 
 def test_fleet_metrics_needs_fleet_init_first():
-    with pytest.raises(Exception, match=r"fleet.init\(\) has not been called"):
-        fleet.metrics.sum(np.ones(2))
+    from trainer.fleet import Fleet, UtilBase
+    from trainer.job.errors import TrainerError
+
+    # A fleet of its own: the process's fleet may have been initialised by another test.
+    metrics = FleetMetrics(UtilBase(Fleet()))
+    with pytest.raises(TrainerError, match=r"fleet.init\(\) has not been called"):
+        metrics.sum(np.ones(2))
+    assert isinstance(fleet.metrics, FleetMetrics)  # what fleet.metrics is
 
 
 JOB = """
