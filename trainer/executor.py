@@ -300,7 +300,7 @@ class Executor:
             if dumper_open:  # the pass's own error is the one to raise
                 dumper_open = False
                 with contextlib.suppress(Exception):
-                    run.dumper.close()
+                    run.dumper.close(complete=False)  # no partial dump put in place
             raise
         finally:
             close = getattr(iterator, "close", None)

@@ -417,7 +417,8 @@ class Fleet:
         complete. ``load_persistables`` / ``load_dataset_state`` with a dataset
         resume each worker where it was. Under ``fleetrun --max_restarts`` the
         first worker then records ``dirname`` as the checkpoint a restart resumes
-        from (docs/restarts.md).
+        from (docs/restarts.md); a save without ``dataset``, or a delta, is never
+        recorded.
 
         ``mode`` (PS runtime): 0 base, 1 delta (docs/table_lifecycle.md); executor= ignored.
         """
@@ -438,8 +439,10 @@ class Fleet:
 
             for name, data in extra.items():
                 write_atomically(os.path.join(dirname, name), data)
-        if self.is_first_worker():
-            restart.record_checkpoint(dirname, dataset=dataset is not None)
+        # Only a full save with the workers' positions can resume a job: from a
+        # delta, or without positions, a restart would lose or repeat records.
+        if self.is_first_worker() and dataset is not None and kwargs.get("mode", 0) in (0, "base"):
+            restart.record_checkpoint(dirname)
         if dataset is not None:
             self.barrier_worker()  # nobody goes on with a half-written checkpoint
 

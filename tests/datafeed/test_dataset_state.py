@@ -316,3 +316,27 @@ def test_save_persistables_checkpoints_model_and_dataset_together(
     (tmp_path / "ckpt" / "dataset_state.json").unlink()
     with pytest.raises(FileNotFoundError, match="was saved without a dataset"):
         fleet.load_persistables(str(tmp_path / "ckpt"), model=restored, dataset=resumed)
+
+
+def test_only_a_full_save_with_positions_is_recorded_for_fleetrun_restarts(
+    tmp_path: Path, small_files: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fleetrun --max_restarts resumes from the recorded checkpoint: a save
+    without the workers' positions, or a delta, would make a restart repeat or
+    lose records, so neither is recorded (the online loop relies on that)."""
+    import torch
+
+    from trainer import fleet
+    from trainer.job import restart
+
+    record = tmp_path / restart.RECORD_FILE
+    monkeypatch.setenv(restart.CHECKPOINT_RECORD_ENV, str(record))
+    fleet.init()  # one local worker
+    model = torch.nn.Linear(3, 1)
+    ds = _queue(small_files, 1)
+    next(iter(ds))
+    fleet.save_persistables(str(tmp_path / "model_only"), model=model)
+    fleet.save_persistables(str(tmp_path / "delta"), model=model, dataset=ds, mode=1)
+    assert not record.exists()
+    fleet.save_persistables(str(tmp_path / "full"), model=model, dataset=ds)
+    assert json.loads(record.read_text())["checkpoint"] == str(tmp_path / "full")

@@ -180,6 +180,60 @@ def test_a_second_call_replaces_the_first_calls_file(tmp_path, dataset, dump_str
     assert len(read_dump(folder)) == 200
 
 
+class FailsAtBatch(Model):
+    def __init__(self, batch: int) -> None:
+        super().__init__()
+        self.left = batch
+
+    def forward(self, batch):
+        self.left -= 1
+        if self.left == 0:
+            raise RuntimeError("the model failed")
+        return super().forward(batch)
+
+
+def test_a_failed_call_leaves_the_previous_dump_and_no_partial_one(
+    tmp_path, dataset, dump_strategy
+) -> None:
+    folder = tmp_path / "dumps"
+    dump_strategy(dump_fields_path=str(folder), dump_fields=["label"])
+    Executor().infer_from_dataset(Model(), dataset)
+    before = (folder / "part-000-00000").read_bytes()
+    with pytest.raises(RuntimeError, match="the model failed"):
+        Executor().infer_from_dataset(FailsAtBatch(8), dataset)  # 7 of 13 batches dumped
+    assert [p.name for p in folder.iterdir()] == ["part-000-00000"]  # nothing hidden left
+    assert (folder / "part-000-00000").read_bytes() == before
+
+
+KILLED_WRITER = """
+import os, signal, sys, torch
+from trainer.loop.dumps import FieldDumper
+dumper = FieldDumper(sys.argv[1], ["p"], [], 0)
+class Batch:
+    ins_ids, contents = [f"i{n}" for n in range(100)], None
+for _ in range(20):
+    dumper.add(Batch(), {"p": torch.rand(100)}, 100)
+print(dumper._child.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # as a crash would, between two batches
+"""
+
+
+def test_a_killed_training_process_leaves_no_dump(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    done = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == -9, done.stderr
+    writer = int(done.stdout)
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{writer}") and time.monotonic() < deadline:
+        time.sleep(0.05)  # the writer sees its pipe end, removes its file and exits
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("configs", "error", "message"),
     [

@@ -249,7 +249,6 @@ def test_a_killed_server_restarts_the_job_from_its_checkpoint(tmp_path):
     record = restart.read_record(str(tmp_path / "log" / restart.RECORD_FILE))
     assert record is not None
     assert record["checkpoint"] == str(checkpoint) and record["attempt"] == 1
-    assert record["dataset"] is True
     assert_gone(pids.values())
 
 
@@ -294,21 +293,19 @@ def test_the_checkpoint_record(tmp_path, monkeypatch):
     path = tmp_path / restart.RECORD_FILE
     assert restart.read_record(str(path)) is None
     monkeypatch.delenv(restart.CHECKPOINT_RECORD_ENV, raising=False)
-    restart.record_checkpoint(str(tmp_path / "ckpt"), dataset=True)
+    restart.record_checkpoint(str(tmp_path / "ckpt"))
     assert not path.exists()  # not under fleetrun: nothing recorded
 
     monkeypatch.setenv(restart.CHECKPOINT_RECORD_ENV, str(path))
     monkeypatch.setenv(restart.RESTART_COUNT_ENV, "2")
-    restart.record_checkpoint(str(tmp_path / "ckpt"), dataset=True)
+    restart.record_checkpoint(str(tmp_path / "ckpt"))
     with pytest.raises(CheckpointError, match=r"ckpt/meta.json does not exist"):
         restart.read_record(str(path))  # recorded, but no checkpoint there
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "meta.json").write_text("{}")
     record = restart.read_record(str(path))
     assert record is not None
-    assert (record["checkpoint"], record["attempt"], record["dataset"]) == (
-        str(tmp_path / "ckpt"), 2, True
-    )
+    assert (record["checkpoint"], record["attempt"]) == (str(tmp_path / "ckpt"), 2)
     path.write_text('{"checkpoint": ')
     with pytest.raises(CheckpointError, match="expected the JSON record of a checkpoint"):
         restart.read_record(str(path))

@@ -7,7 +7,8 @@ fleetrun runs attempt 0, 1, ..., K of the job. Every process of an attempt gets:
   torchrun's ``TORCHELASTIC_RESTART_COUNT``; ``FLEETFEED_MAX_RESTARTS`` (and
   ``TORCHELASTIC_MAX_RESTARTS``): K;
 - ``FLEETFEED_CHECKPOINT_RECORD``: a file where the first worker records each
-  checkpoint that ``fleet.save_persistables`` completed (``record_checkpoint``);
+  checkpoint that ``fleet.save_persistables(dirname, dataset=...)`` completed
+  as a full save (``record_checkpoint``);
 - ``FLEETFEED_RESUME_DIR``, on a restart after a checkpoint: the last recorded
   checkpoint. ``fleet.init_server()`` loads it, ``fleet.load_dataset_state(ds)``
   puts each worker's dataset where it was when the checkpoint was taken.
@@ -75,22 +76,14 @@ def resume_dir() -> str | None:
     return os.environ.get(RESUME_DIR_ENV) or None
 
 
-def record_checkpoint(dirname: str, *, dataset: bool) -> None:
-    """Records ``dirname`` as the job's last complete checkpoint, where fleetrun
-    reads it before a restart (nothing without ``FLEETFEED_CHECKPOINT_RECORD``).
-
-    Args:
-        dataset: whether the checkpoint holds the workers' dataset positions.
-    """
+def record_checkpoint(dirname: str) -> None:
+    """Records ``dirname`` (a full save holding the workers' dataset positions)
+    as the job's last complete checkpoint, where fleetrun reads it before a
+    restart (nothing without ``FLEETFEED_CHECKPOINT_RECORD``)."""
     path = os.environ.get(CHECKPOINT_RECORD_ENV)
     if not path:
         return
-    entry = {
-        "checkpoint": os.path.abspath(dirname),
-        "attempt": restart_count(),
-        "dataset": dataset,
-        "time": time.time(),
-    }
+    entry = {"checkpoint": os.path.abspath(dirname), "attempt": restart_count(), "time": time.time()}
     # datafeed (and pyarrow) only when a record is written: import trainer stays light.
     from datafeed.source.fs import write_atomically
 
@@ -101,7 +94,7 @@ def read_record(path: str) -> dict[str, Any] | None:
     """The last checkpoint recorded in ``path`` (None: no checkpoint was recorded).
 
     Returns:
-        ``{"checkpoint": directory, "attempt": n, "dataset": bool, "time": t}``.
+        ``{"checkpoint": directory, "attempt": n, "time": t}``.
 
     Raises:
         CheckpointError: the record is malformed, or its checkpoint has no

@@ -6,7 +6,9 @@ dump per instance (``dump_fields``) and the parameters to dump per batch
 (``dump_param``). Each ``train_from_dataset`` / ``infer_from_dataset`` call
 writes one text file per worker, ``<dump_fields_path>/part-<worker:03d>-00000``
 (Paddle's ``part-<rank>-<thread>``), replacing the previous call's, as Paddle
-does. Its lines are those of Paddle 2.x and 3.x (``device_worker.cc``):
+does. Unlike Paddle's, a file appears whole or not at all: it is written under
+a hidden name and renamed when the call has ended well, so a call that fails,
+or a process killed in the middle, leaves no partial dump behind. Its lines are those of Paddle 2.x and 3.x (``device_worker.cc``):
 
 - per instance: with instance ids (``parse_ins_id``), the id, a tab and the
   content (empty unless ``parse_content``); then for each field a tab and
@@ -49,10 +51,11 @@ __all__ = ["MAX_QUEUED_BYTES", "FieldDumper", "format_lines"]
 MAX_QUEUED_BYTES = 64 << 20
 _STOP = None
 _LENGTH = struct.Struct("<I")  # each message: its header's length, header, raw arrays
+_END = _LENGTH.pack(0)  # a header of length 0: the dump is complete
 _KEEP_STDERR = 8192  # the end of a failed child's stderr, for the error
 # The child: this file loaded by path (not ``-m``: that would import the trainer
-# package and torch), with the checkout appended to sys.path for URIs' pyarrow
-# filesystems (datafeed.source.fs); -I keeps the user's folders off sys.path.
+# package and torch), with the checkout appended to sys.path for its file writes
+# (datafeed.source.fs); -I keeps the user's folders off sys.path.
 _CHILD = (
     "import importlib.util, sys\n"
     "sys.path.append(sys.argv[2])\n"
@@ -132,9 +135,18 @@ class FieldDumper:
         self._raise_if_failed()
         self._queue.put(message)
 
-    def close(self) -> None:
+    def close(self, complete: bool = True) -> None:
         """Waits until every line is written and the child has ended; raises
-        its error, or the pipe's."""
+        its error, or the pipe's.
+
+        Args:
+            complete: False when the call failed: the child then removes what
+                it wrote rather than putting a partial dump in place.
+        """
+        if complete:
+            with self._room:
+                self._queued_bytes += len(_END)
+            self._queue.put(_END)
         self._queue.put(_STOP)
         self._writer.join()  # the pipe is closed: the child writes its last lines and ends
         self._child.wait()
@@ -270,21 +282,45 @@ def _read(stream: Any, count: int, at_boundary: bool = False) -> bytes | None:
 
 
 def serve(path: str) -> None:
-    """The child: formats what the training process pipes in, into ``path``."""
-    if "://" in path:
-        from datafeed.source import fs
+    """The child: formats what the training process pipes in into a hidden
+    file beside ``path``, renamed to ``path`` when the end marker arrives. A
+    pipe that ends without it (the call failed, or its process died) removes
+    that file and fails: a dump that exists is whole."""
+    from datafeed.source import fs  # the checkout is on sys.path (_CHILD)
 
-        filesystem, target = fs.resolve(path)
-        output = filesystem.open_output_stream(target, compression=None)
-    else:
-        output = open(path, "wb")  # noqa: SIM115 - closed by the with below
+    if not fs.is_uri(path):
+        fs.write_atomically(path, _write_lines)
+        return
+    filesystem, target = fs.resolve(path)
+    folder, name = posixpath.split(target)
+    temporary = posixpath.join(folder, f".{name}.{os.getpid()}.tmp")
+    try:
+        _write_lines(temporary, filesystem)
+        filesystem.move(temporary, target)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            filesystem.delete_file(temporary)
+        raise
+
+
+def _write_lines(path: str, filesystem: Any = None) -> None:
+    """Formats the piped batches into ``path`` until the end marker.
+
+    Raises:
+        EOFError: the pipe ended before the end marker.
+    """
     stdin = sys.stdin.buffer
+    output = (open(path, "xb") if filesystem is None  # noqa: SIM115 - closed by the with below
+              else filesystem.open_output_stream(path, compression=None))
     with output as out:
         while True:
             head = _read(stdin, _LENGTH.size, at_boundary=True)
             if head is None:
-                return
-            raw = _read(stdin, _LENGTH.unpack(head)[0])
+                raise EOFError("the training process ended the dump without its end marker")
+            length = _LENGTH.unpack(head)[0]
+            if length == 0:
+                return  # the end marker: every batch is in
+            raw = _read(stdin, length)
             header = json.loads(raw.decode("utf-8", "surrogateescape"))
             arrays = []
             for name, dtype, shape in header["arrays"]:
