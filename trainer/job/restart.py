@@ -83,7 +83,9 @@ def record_checkpoint(dirname: str) -> None:
     path = os.environ.get(CHECKPOINT_RECORD_ENV)
     if not path:
         return
-    entry = {"checkpoint": os.path.abspath(dirname), "attempt": restart_count(), "time": time.time()}
+    entry = {
+        "checkpoint": os.path.abspath(dirname), "attempt": restart_count(), "time": time.time()
+    }
     # datafeed (and pyarrow) only when a record is written: import trainer stays light.
     from datafeed.source.fs import write_atomically
 

@@ -8,7 +8,8 @@ writes one text file per worker, ``<dump_fields_path>/part-<worker:03d>-00000``
 (Paddle's ``part-<rank>-<thread>``), replacing the previous call's, as Paddle
 does. Unlike Paddle's, a file appears whole or not at all: it is written under
 a hidden name and renamed when the call has ended well, so a call that fails,
-or a process killed in the middle, leaves no partial dump behind. Its lines are those of Paddle 2.x and 3.x (``device_worker.cc``):
+or a process killed in the middle, leaves no partial dump behind. Its lines
+are those of Paddle 2.x and 3.x (``device_worker.cc``):
 
 - per instance: with instance ids (``parse_ins_id``), the id, a tab and the
   content (empty unless ``parse_content``); then for each field a tab and
