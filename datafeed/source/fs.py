@@ -54,6 +54,7 @@ __all__ = [
     "open_input",
     "stat",
     "write_atomically",
+    "write_stream_atomically",
 ]
 
 
@@ -343,6 +344,37 @@ def write_atomically(path: str, content: bytes | Callable[[str], object]) -> Non
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+
+
+def write_stream_atomically(path: str, write: Callable[[Any], object]) -> None:
+    """Writes ``path``, local or a URI, whole or not at all: ``write`` gets a
+    binary output stream to a hidden temporary file beside ``path``, which is
+    renamed over ``path`` once ``write`` returns (locally through
+    ``write_atomically``; elsewhere the filesystem's move, a rename on HDFS).
+
+    Raises:
+        OSError: the write or the rename failed.
+        Exception: whatever ``write`` raised, unchanged.
+        On any failure the temporary file is removed and ``path`` is left as it was.
+    """
+    if not is_uri(path):
+        def to_file(temporary: str) -> None:
+            with open(temporary, "xb") as out:
+                write(out)
+
+        write_atomically(path, to_file)
+        return
+    filesystem, target = resolve(path)
+    folder, slash, name = target.rpartition("/")
+    temporary = f"{folder}{slash}.{name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with filesystem.open_output_stream(temporary, compression=None) as out:
+            write(out)
+        filesystem.move(temporary, target)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            filesystem.delete_file(temporary)
+        raise
 
 
 def hdfs_args(fs_name: str, fs_ugi: str = "") -> dict[str, Any]:

@@ -382,6 +382,25 @@ def test_a_write_that_fails_midway_leaves_the_older_file_and_no_temporary_file(t
     assert _names(tmp_path) == ["model.pt"]
 
 
+@pytest.mark.parametrize("as_uri", [False, True])
+def test_a_stream_write_is_whole_or_leaves_the_older_file(tmp_path: Path, as_uri: bool):
+    path = tmp_path / "donefile.txt"
+    name = path.as_uri() if as_uri else str(path)  # file:// goes through pyarrow's move
+    path.write_bytes(b"the older file")
+
+    def fails_midway(out) -> None:
+        out.write(b"half of")
+        raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        fs.write_stream_atomically(name, fails_midway)
+    assert path.read_bytes() == b"the older file"
+    assert _names(tmp_path) == ["donefile.txt"]
+    fs.write_stream_atomically(name, lambda out: out.write(b"the new file"))
+    assert path.read_bytes() == b"the new file"
+    assert _names(tmp_path) == ["donefile.txt"]
+
+
 def test_a_sync_that_fails_leaves_the_older_file_and_no_temporary_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

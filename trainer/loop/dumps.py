@@ -289,48 +289,33 @@ def serve(path: str) -> None:
     that file and fails: a dump that exists is whole."""
     from datafeed.source import fs  # the checkout is on sys.path (_CHILD)
 
-    if not fs.is_uri(path):
-        fs.write_atomically(path, _write_lines)
-        return
-    filesystem, target = fs.resolve(path)
-    folder, name = posixpath.split(target)
-    temporary = posixpath.join(folder, f".{name}.{os.getpid()}.tmp")
-    try:
-        _write_lines(temporary, filesystem)
-        filesystem.move(temporary, target)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            filesystem.delete_file(temporary)
-        raise
+    fs.write_stream_atomically(path, _write_lines)
 
 
-def _write_lines(path: str, filesystem: Any = None) -> None:
-    """Formats the piped batches into ``path`` until the end marker.
+def _write_lines(out: Any) -> None:
+    """Formats the piped batches into the stream ``out`` until the end marker.
 
     Raises:
         EOFError: the pipe ended before the end marker.
     """
     stdin = sys.stdin.buffer
-    output = (open(path, "xb") if filesystem is None  # noqa: SIM115 - closed by the with below
-              else filesystem.open_output_stream(path, compression=None))
-    with output as out:
-        while True:
-            head = _read(stdin, _LENGTH.size, at_boundary=True)
-            if head is None:
-                raise EOFError("the training process ended the dump without its end marker")
-            length = _LENGTH.unpack(head)[0]
-            if length == 0:
-                return  # the end marker: every batch is in
-            raw = _read(stdin, length)
-            header = json.loads(raw.decode("utf-8", "surrogateescape"))
-            arrays = []
-            for name, dtype, shape in header["arrays"]:
-                dtype = np.dtype(dtype)
-                data = _read(stdin, int(np.prod(shape)) * dtype.itemsize)
-                arrays.append((name, np.frombuffer(data, dtype).reshape(shape)))
-            split = header["columns"]
-            text = format_lines(
-                header["number"], header["size"], header["ids"], header["contents"],
-                arrays[:split], arrays[split:],
-            )
-            out.write(text.encode("utf-8", "surrogateescape"))
+    while True:
+        head = _read(stdin, _LENGTH.size, at_boundary=True)
+        if head is None:
+            raise EOFError("the training process ended the dump without its end marker")
+        length = _LENGTH.unpack(head)[0]
+        if length == 0:
+            return  # the end marker: every batch is in
+        raw = _read(stdin, length)
+        header = json.loads(raw.decode("utf-8", "surrogateescape"))
+        arrays = []
+        for name, dtype, shape in header["arrays"]:
+            dtype = np.dtype(dtype)
+            data = _read(stdin, int(np.prod(shape)) * dtype.itemsize)
+            arrays.append((name, np.frombuffer(data, dtype).reshape(shape)))
+        split = header["columns"]
+        text = format_lines(
+            header["number"], header["size"], header["ids"], header["contents"],
+            arrays[:split], arrays[split:],
+        )
+        out.write(text.encode("utf-8", "surrogateescape"))

@@ -30,12 +30,10 @@ writer reads the file, adds its line and replaces it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import posixpath
 import re
 import time
-import uuid
 from collections import OrderedDict
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -159,19 +157,7 @@ def _replace(path: str, lines: list[str]) -> None:
     from datafeed.source import fs
 
     content = "".join(line + "\n" for line in lines).encode()
-    if "://" not in path:
-        fs.write_atomically(path, content)
-        return
-    filesystem, target = fs.resolve(path)
-    temporary = f"{target}.{uuid.uuid4().hex}.tmp"
-    try:
-        with filesystem.open_output_stream(temporary, compression=None) as out:
-            out.write(content)
-        filesystem.move(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            filesystem.delete_file(temporary)
-        raise
+    fs.write_stream_atomically(path, lambda out: out.write(content))
 
 
 def write_model_donefile(
