@@ -1,4 +1,4 @@
-"""Writes a day of hourly data slices as they would land: one folder per hour,
+"""Writes days of hourly data slices as they would land: one folder per hour,
 ``<root>/<day>/<HH>/part-<k>.txt``, each marked complete by ``to.hadoop.done``
 written after its files, one slice every ``--every`` seconds.
 
@@ -8,12 +8,13 @@ read with ``parse_ins_id``): one user id (``user``), one to three item ids
 fixed logistic model of them, so that a trained model's AUC says something.
 
 Usage: python examples/online_training/make_slices.py ROOT [--day 20261127]
-       [--hours 4] [--lines 2000] [--files 2] [--every 1.0] [--seed 0]
+       [--days 1] [--hours 4] [--lines 2000] [--files 2] [--every 1.0] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import time
 
@@ -40,7 +41,8 @@ def slice_lines(rng: np.random.Generator, count: int, weights: dict, prefix: str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root")
-    parser.add_argument("--day", default="20261127")
+    parser.add_argument("--day", default="20261127", help="the first day")
+    parser.add_argument("--days", type=int, default=1, help="days of slices, from --day on")
     parser.add_argument("--hours", type=int, default=4, help="slices 00 .. hours-1")
     parser.add_argument("--lines", type=int, default=2000, help="lines per file")
     parser.add_argument("--files", type=int, default=2, help="files per slice")
@@ -50,18 +52,20 @@ def main() -> None:
     truth = np.random.default_rng(args.seed)
     weights = {"user": truth.normal(size=3000), "item": truth.normal(size=5000),
                "dense": truth.normal(size=4)}
-    for hour in range(args.hours):
-        folder = os.path.join(args.root, args.day, f"{hour:02}")
+    first = datetime.datetime.strptime(args.day, "%Y%m%d")
+    slices = [((first + datetime.timedelta(days=d)).strftime("%Y%m%d"), hour)
+              for d in range(args.days) for hour in range(args.hours)]
+    for number, (day, hour) in enumerate(slices):
+        folder = os.path.join(args.root, day, f"{hour:02}")
         os.makedirs(folder, exist_ok=True)
-        rng = np.random.default_rng([args.seed, hour])
+        rng = np.random.default_rng([args.seed, int(day), hour])
         for k in range(args.files):
             with open(os.path.join(folder, f"part-{k}.txt"), "w") as out:
-                out.write(slice_lines(rng, args.lines, weights, f"{args.day}{hour:02}-{k}"))
+                out.write(slice_lines(rng, args.lines, weights, f"{day}{hour:02}-{k}"))
         open(os.path.join(folder, DONE_FILE), "w").close()  # the slice is complete
         print(f"make_slices: {folder} complete", flush=True)
-        if hour + 1 < args.hours:
+        if number + 1 < len(slices):
             time.sleep(args.every)
-
 
 if __name__ == "__main__":
     main()

@@ -181,7 +181,7 @@ def test_online_training_trains_each_arriving_slice_once_and_lists_each_save_onc
         slices.wait(timeout=60)
     log = (tmp_path / "log" / "workerlog.0").read_text()
     assert first.returncode == 0, first.stdout + first.stderr + log
-    aucs = re.findall(r"^day 20261127 pass (\d) \((\d\d)\): 600 records, cluster AUC ([0-9.]+)$",
+    aucs = re.findall(r"^day 20261127 pass (\d) \((\d\d)\): 600 records, cluster AUC ([0-9.]+),",
                       log, re.MULTILINE)
     assert [(p, s) for p, s, _ in aucs] == [("1", "00"), ("2", "01")], log
     assert float(aucs[-1][2]) > 0.8  # the slices follow a logistic model the job learns

@@ -228,9 +228,13 @@ def test_a_killed_server_restarts_the_job_from_its_checkpoint(tmp_path):
         rf"process again, from the checkpoint {re.escape(str(checkpoint))}", stderr, re.S,
     ), stderr
     assert (tmp_path / "server.1.pid").exists()
-    assert f"parameter server 0: restart 1 resumes from {checkpoint}" in (
-        tmp_path / "log" / "serverlog.0"
-    ).read_text()
+    server_log = (tmp_path / "log" / "serverlog.0").read_text()
+    assert f"parameter server 0: restart 1 resumes from {checkpoint}" in server_log
+    # Each log keeps the attempt that failed, then the restart's.
+    first_attempt, restarted = server_log.split("fleetrun: restart 1: server 0 starts again\n")
+    assert "restart 1 resumes" not in first_attempt and "resumes" in restarted
+    assert "fleetrun: restart 1: worker 1 starts again" in (
+        tmp_path / "log" / "workerlog.1").read_text()
     for rank in range(2):
         first, second = trained(tmp_path, 0, rank), trained(tmp_path, 1, rank)
         assert json.loads((tmp_path / f"worker{rank}.1.pid").read_text())[1] is True

@@ -334,7 +334,12 @@ def _base_env() -> dict[str, str]:
 
 
 def _start(name: str, command: list[str], env: dict[str, str], log_path: str) -> _Child:
-    log = open(log_path, "wb")  # noqa: SIM115 - closed in _stop_all
+    attempt = env.get(restart.RESTART_COUNT_ENV, "0")
+    # A restart appends: the log of the attempt that failed is what explains it.
+    log = open(log_path, "wb" if attempt == "0" else "ab")  # noqa: SIM115 - closed in _stop_all
+    if attempt != "0":
+        log.write(f"fleetrun: restart {attempt}: {name} starts again\n".encode())
+        log.flush()
     try:
         process = subprocess.Popen(
             command, env=env, stdout=log, stderr=subprocess.STDOUT,
