@@ -165,7 +165,7 @@ def main() -> None:
     todo = [step for step in steps if step.order() > listed]
     executor = Executor()
     preloaded = None
-    trained_until = None  # when the previous pass's training ended
+    trained_until = None  # when the previous pass's training ended on every worker
     for index, step in enumerate(todo):
         if step.pass_id == DAY_END:
             end_day(args, util, step, xbox_key, first)
@@ -191,12 +191,14 @@ def main() -> None:
             "dump_fields": ["prob", "label"],
         }
         metric = StreamingAUC()
-        started = time.monotonic()
+        started = time.time()  # one clock for the processes of this machine
         summary = executor.train_from_dataset(
             model, dataset, optimizer, fetch_list=[],
             fetch_handler=lambda out, m=metric: m.update(out["label"], out["prob"]),
         )
-        ended = time.monotonic()
+        # The pass trained from its first worker's start to its last worker's end.
+        ended, first_start = fleet.util.all_reduce([time.time(), -started], "max")
+        started = -first_start
         auc = fleet.metrics.auc(metric)
         records = int(fleet.metrics.sum(summary.records))
         dataset.release_memory()
