@@ -273,9 +273,9 @@ def check(job: Job, source: Path, schedule: Schedule) -> list[str]:
     # The job's --out is "out", relative to its folder, as the done files write it.
     wanted = [f"out/{day}/delta-{p}/000" for day, p in schedule.saves() if p != -1]
     if patches != wanted:
+        differs = [(a, b) for a, b in zip(patches, wanted, strict=False) if a != b]
         problems.append(f"xbox_patch_done.txt lists {len(patches)} deltas, expected "
-                        f"{len(wanted)} in order; first difference at "
-                        f"{next((i for i, (a, b) in enumerate(zip(patches, wanted)) if a != b), '?')}")
+                        f"{len(wanted)} in order; first difference: {differs[:1]}")
     bases = [json.loads(line)["input"] for line in
              (out / "xbox_base_done.txt").read_text().splitlines()]
     if bases != [f"out/{day}/base/000" for day in schedule.day_names()]:
