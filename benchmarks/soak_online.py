@@ -38,18 +38,20 @@ import results_file  # noqa: E402
 RESULTS = HERE / "results" / "online_soak.md"
 
 
-def gaps(job: online_soak.Job) -> list[float]:
-    """Gap / training time of each preloaded pass."""
-    return [p["gap"] / p["trained"] for p in online_soak.pass_lines(job).values()
-            if p["gap"] is not None and p["preloaded"]]
+def gaps(job: online_soak.Job) -> dict[str, float]:
+    """Gap / training time of each preloaded pass, by "day/pass"."""
+    return {f"{day}/{number}": p["gap"] / p["trained"]
+            for (day, number), p in online_soak.pass_lines(job).items()
+            if p["gap"] is not None and p["preloaded"]}
 
 
-def describe_gaps(ratios: list[float]) -> str:
+def describe_gaps(ratios: dict[str, float]) -> str:
     if not ratios:
         return "no preloaded pass"
-    over = sum(1 for r in ratios if r > 0.05)
-    return (f"median {statistics.median(ratios):.1%}, largest {max(ratios):.1%}, "
-            f"{over} of {len(ratios)} over 5%")
+    over = {name: r for name, r in ratios.items() if r > 0.05}
+    return (f"median {statistics.median(ratios.values()):.1%}, {len(over)} of {len(ratios)} "
+            f"over 5%" + (": " + ", ".join(f"{n} {r:.1%}" for n, r in over.items())
+                          if over else ""))
 
 
 def main() -> int:
@@ -74,7 +76,7 @@ def main() -> int:
         f"landing every {args.every:g} s while examples/online_training/train.py trains "
         f"them (1 server, 2 workers, `fleetrun --max_restarts={args.kills + 2}`); each mode "
         f"run once without a failure and once with {args.kills} SIGKILLs, each after a "
-        f"wait of 1-15 s (drawn, seed {args.seed}) from the moment an attempt's workers "
+        f"wait of 1-8 s (drawn, seed {args.seed}) from the moment an attempt's workers "
         f"exist, of the server or a worker (3 in 4) or one of their children (a reader's "
         f"`cat`, a dump writer).",
         "",
@@ -90,7 +92,7 @@ def main() -> int:
                 print(f"{mode}, {name} ...", flush=True)
                 job = online_soak.run_job(
                     root / f"{mode}-{kills}", source, schedule, mode, kills,
-                    seed=args.seed + len(runs), wait=(1.0, 15.0), progress=print)
+                    seed=args.seed + len(runs), wait=(1.0, 8.0), progress=print)
                 loads.append(results_file.load_average())
                 problems = ([f"fleetrun exited {job.returncode}"] if job.returncode else []) + (
                     online_soak.check(job, source, schedule) if job.returncode == 0 else [])

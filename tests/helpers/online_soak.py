@@ -158,7 +158,7 @@ def _command(pid: int) -> str:
         return "?"
     if any(w.endswith(b"dumps.py") for w in words):
         return "its dump writer"
-    return os.path.basename(words[0].decode(errors="replace"))
+    return os.path.basename(words[0].decode(errors="replace")) or "?"
 
 
 def job_processes(launcher: int) -> list[tuple[int, str]]:
@@ -175,7 +175,20 @@ def job_processes(launcher: int) -> list[tuple[int, str]]:
             child = stack.pop()
             found.append((child, f"{_command(child)} of {role}"))
             stack += tree.get(child, [])
-    return found
+    return [(pid, name) for pid, name in found if not _exiting(pid)]
+
+
+def _exiting(pid: int) -> bool:
+    """Whether ``pid`` is gone or a zombie: a kill would do nothing."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _restarts(stderr: Path) -> int:
+    return len(re.findall(r"^fleetrun: restart \d+ of", stderr.read_text(), re.MULTILINE))
 
 
 def _last_listed(out: Path) -> str:
@@ -208,10 +221,8 @@ def run_job(workdir: Path, source: Path, schedule: Schedule, mode: str, kills: i
                                     stderr=stderr, start_new_session=True)
         arrivals.start()
         try:
-            killed: set[int] = set()
             while len(done) < kills and launcher.poll() is None:
-                workers = [p for p, r in job_processes(launcher.pid)
-                           if r.startswith("worker") and p not in killed]
+                workers = [p for p, r in job_processes(launcher.pid) if r.startswith("worker")]
                 if len(workers) < 2:
                     time.sleep(0.05)
                     continue
@@ -224,17 +235,21 @@ def run_job(workdir: Path, source: Path, schedule: Schedule, mode: str, kills: i
                 if not roles or launcher.poll() is not None:
                     continue
                 pid, victim = rng.choice(others if others and rng.random() < 0.25 else roles)
-                attempt = len(re.findall(r"^fleetrun: restart \d+ of", stderr_path.read_text(),
-                                         re.MULTILINE))
+                attempt = _restarts(stderr_path)
                 listed = _last_listed(workdir / "out")
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
-                killed |= {p for p, r in roles}  # the attempt ends: wait for the next one
                 done.append(Kill(round(time.monotonic() - started, 2), attempt, victim, listed))
                 if progress:
                     progress(f"kill {len(done)}: {victim} at {done[-1].at} s ({listed} listed)")
+                # The next kill is in the next attempt (a child that had ended its
+                # work may be killed without ending the attempt: then in this one).
+                settle = time.monotonic() + 30
+                while (_restarts(stderr_path) == attempt and launcher.poll() is None
+                       and time.monotonic() < settle):
+                    time.sleep(0.05)
             launcher.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
         finally:
             arrivals.stopped.set()
@@ -244,7 +259,7 @@ def run_job(workdir: Path, source: Path, schedule: Schedule, mode: str, kills: i
             arrivals.join(timeout=30)
     text = stderr_path.read_text(errors="replace")
     return Job(workdir, launcher.returncode, time.monotonic() - started, done,
-               len(re.findall(r"^fleetrun: restart \d+ of", text, re.MULTILINE)), text)
+               _restarts(stderr_path), text)
 
 
 # -- the checks ----------------------------------------------------------------------
@@ -294,6 +309,24 @@ def check(job: Job, source: Path, schedule: Schedule) -> list[str]:
                             f"lines for {sum(expected.values())} records ({twice} twice, "
                             f"{len(expected - dumped)} missing)")
     return problems
+
+
+def dumped_auc(out: Path, day: str, pass_id: int, buckets: int = 4096) -> float:
+    """The AUC of a pass's dumped predictions (every worker's), with scores
+    rounded down to ``buckets`` buckets as StreamingAUC does (ties count half)."""
+    labels, scores = [], []
+    for name in glob.glob(str(out / "dump" / day / str(pass_id) / "part-*")):
+        with open(name) as file:
+            for line in file:
+                fields = dict(f.split(":", 1) for f in line.rstrip("\n").split("\t")[2:])
+                scores.append(float(fields["prob"].split(":")[1]))
+                labels.append(int(fields["label"].split(":")[1]))
+    bucket = np.floor(np.clip(np.array(scores) * (buckets - 1), 0, buckets - 1)).astype(int)
+    positive = np.array(labels) == 1
+    pos = np.bincount(bucket[positive], minlength=buckets).astype(np.float64)
+    neg = np.bincount(bucket[~positive], minlength=buckets).astype(np.float64)
+    below = np.cumsum(neg) - neg
+    return float(((pos * below).sum() + 0.5 * (pos * neg).sum()) / (pos.sum() * neg.sum()))
 
 
 def pass_lines(job: Job) -> dict[tuple[str, int], dict[str, Any]]:

@@ -201,15 +201,16 @@ with open(f"{out}/rank{rank}.json", "w") as f:
 
 
 @pytest.mark.distributed
-def test_two_workers_get_the_metrics_of_all_predictions(tmp_path: Path):
+@pytest.mark.parametrize("workers", [2, 3])
+def test_every_worker_gets_the_metrics_of_all_predictions(tmp_path: Path, workers: int):
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    results = run_collective_ranks(script, [str(tmp_path)], world_size=2, timeout=120)
+    results = run_collective_ranks(script, [str(tmp_path)], world_size=workers, timeout=120)
     assert all(code == 0 for code, _ in results), results
-    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert got[0] == got[1]  # every worker gets the same numbers
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(workers)]
+    assert all(g == got[0] for g in got)  # every worker gets the same numbers
     labels, scores = [], []
-    for rank in range(2):  # the same draws as the job's, offline
+    for rank in range(workers):  # the same draws as the job's, offline
         rng = np.random.default_rng(rank)
         rank_labels = (rng.random(4000 + 1000 * rank) < 0.3).astype(np.int64)
         labels.append(rank_labels)
@@ -222,7 +223,7 @@ def test_two_workers_get_the_metrics_of_all_predictions(tmp_path: Path):
     assert got[0]["mae"] == pytest.approx(errors.mean(), rel=1e-12)
     assert got[0]["rmse"] == pytest.approx(math.sqrt((errors ** 2).mean()), rel=1e-12)
     assert got[0]["acc"] == pytest.approx(((scores > 0.5) == labels).mean(), rel=1e-12)
-    assert got[0]["max"] == [1, 0]
-    assert got[0]["sum"] == [[3.0, 1.0]]
-    assert got[0]["flags"] == [2, 1]  # counted, where gloo's sum of booleans is an or
-    assert got[0]["unsigned"] == [2]  # gloo reduces no unsigned type: sent as int64
+    assert got[0]["max"] == [workers - 1, 0]
+    assert got[0]["sum"] == [[1.5 * workers, sum(range(workers))]]
+    assert got[0]["flags"] == [workers, 1]  # counted, where gloo's sum of booleans is an or
+    assert got[0]["unsigned"] == [workers]  # gloo reduces no unsigned type: sent as int64

@@ -8,7 +8,15 @@ of hourly slices with ten kills."""
 from __future__ import annotations
 
 import pytest
-from online_soak import Schedule, check, make_source, pass_lines, run_job, table_difference
+from online_soak import (
+    Schedule,
+    check,
+    dumped_auc,
+    make_source,
+    pass_lines,
+    run_job,
+    table_difference,
+)
 
 SCHEDULE = Schedule(hours=4, lines=1000, every=0.3)
 
@@ -30,4 +38,9 @@ def test_sigkills_at_random_moments_train_every_record_once_and_change_no_row(tm
     # values (two runs without a failure measured equal to the bit).
     base = "20261127/base"
     assert table_difference(clean.out / base, crashed.out / base) <= 1e-5, crashed.kills
-    assert [p["records"] for p in pass_lines(crashed).values()] == [2000] * 4
+    passes = pass_lines(crashed)
+    assert [p["records"] for p in passes.values()] == [2000] * 4
+    # The dumps' predictions give each pass's cluster AUC (printed to 4 decimals).
+    for (day, pass_id), reported in passes.items():
+        assert dumped_auc(crashed.out, day, pass_id) == pytest.approx(
+            reported["auc"], abs=5e-5), (day, pass_id)

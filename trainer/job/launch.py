@@ -534,7 +534,9 @@ def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) ->
             print(f"fleetrun: not restarting: {error}", file=sys.stderr, flush=True)
             return status
         resume = last["checkpoint"] if last else None
-        origin = f"from the checkpoint {resume}" if resume else "from the beginning (no checkpoint)"
+        origin = (f"from the checkpoint {resume}" if resume else
+                  "with no checkpoint recorded (from the beginning, or from the job's own "
+                  "commit log such as an online job's donefile.txt)")
         print(
             f"fleetrun: restart {attempt + 1} of {args.max_restarts}: starting every process "
             f"again, {origin}",
