@@ -182,3 +182,110 @@ def test_a_failing_look_is_waited_through_and_named_at_the_timeout(monkeypatch) 
         wait_for_done_file("s3://bucket/d?region=x", "_SUCCESS", 0.05, 0.2)
     assert len(looked) > 1  # it kept looking
     assert looked[0] == "s3://bucket/d/_SUCCESS?region=x"  # the query stays last
+
+
+class RecordingFleet:
+    """The fleet API as OnlineLoop calls it, one worker, recording each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        outer = self
+
+        class Util:
+            @staticmethod
+            def all_reduce(values, mode):
+                return values
+
+            @staticmethod
+            def get_file_shard(files):
+                return list(files)
+
+        class Strategy:
+            trainer_desc_configs: dict = {}
+
+        self.util, self._strategy = Util(), Strategy()
+
+        class Current:
+            strategy = outer._strategy
+
+        self._current = Current()
+
+    def current(self):
+        return self._current
+
+    def __getattr__(self, name):
+        answers = {"is_server": False, "is_first_worker": True, "worker_num": 1}
+
+        def call(*args, **kwargs):
+            self.calls.append((name, *args, *sorted(kwargs.items())))
+            if name == "save_persistables":
+                Path(args[0]).mkdir(parents=True, exist_ok=True)
+            return answers.get(name)
+        return call
+
+
+class LoadedDataset:
+    def __init__(self, files, calls) -> None:
+        self.files, self.calls = files, calls
+
+    def load_into_memory(self) -> None:
+        self.calls.append(("load", [Path(f).parent.name for f in self.files]))
+
+    def preload_into_memory(self) -> None:
+        self.calls.append(("preload", [Path(f).parent.name for f in self.files]))
+
+    def wait_preload_done(self) -> None:
+        pass
+
+    def release_memory(self) -> None:
+        pass
+
+
+def online_loop_calls(tmp_path: Path) -> list[tuple]:
+    from trainer.loop.online_loop import OnlineLoop
+
+    fleet = RecordingFleet()
+    loop = OnlineLoop(
+        fleet, str(tmp_path / "data"), str(tmp_path / "out"), "20261127", hours="{0..1}",
+        make_dataset=lambda files: LoadedDataset(files, fleet.calls), dump_fields=["prob"],
+    )
+    loop.run(lambda dataset, step: fleet.calls.append(("train", step.pass_id)) or None)
+    out = str(tmp_path / "out")
+    return [tuple(str(a).replace(out, "OUT") for a in call) for call in fleet.calls
+            if call[0] not in ("barrier_worker", "worker_num", "is_server", "is_first_worker")]
+
+
+def test_the_online_loop_keeps_the_order_and_resumes_after_the_last_listed_pass(
+    tmp_path: Path,
+) -> None:
+    for hour in ("00", "01"):
+        folder = tmp_path / "data" / "20261127" / hour
+        folder.mkdir(parents=True)
+        (folder / "part-0").write_text("")
+        (folder / "to.hadoop.done").write_text("")
+    assert online_loop_calls(tmp_path) == [
+        ("init_worker",), ("worker_group",), ("save_persistables", "OUT/start"),
+        ("load", "['00']"), ("preload", "['01']"),  # the next pass reads while this one trains
+        ("set_pass", "1"), ("train", "1"),
+        ("save_persistables", "OUT/20261127/delta-1", "('mode', 1)"),  # the delta first
+        ("save_persistables", "OUT/20261127/1"),
+        ("set_pass", "1"), ("train", "2"),
+        ("save_persistables", "OUT/20261127/delta-2", "('mode', 1)"),
+        ("save_persistables", "OUT/20261127/2"),
+        ("shrink",), ("save_persistables", "OUT/20261127/0"),
+        ("save_persistables", "OUT/20261127/base", "('mode', 0)"),
+        ("stop_worker",),
+    ]
+    listed = [line.split("\t")[3] for line in
+              (tmp_path / "out" / "donefile.txt").read_text().splitlines()]
+    assert listed == ["1", "2", "-1"]
+    # A job that died after pass 1 was listed: the next attempt trains pass 2 on.
+    donefile = tmp_path / "out" / "donefile.txt"
+    donefile.write_text(donefile.read_text().splitlines()[0] + "\n")
+    calls = online_loop_calls(tmp_path)
+    assert [c for c in calls if c[0] in ("train", "save_persistables")] == [
+        ("train", "2"), ("save_persistables", "OUT/20261127/delta-2", "('mode', 1)"),
+        ("save_persistables", "OUT/20261127/2"), ("save_persistables", "OUT/20261127/0"),
+        ("save_persistables", "OUT/20261127/base", "('mode', 0)"),
+    ]
+    assert [line.split("\t")[3] for line in donefile.read_text().splitlines()] == ["1", "2", "-1"]

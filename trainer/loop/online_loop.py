@@ -1,0 +1,242 @@
+"""The online loop's driver: the order of PaddleRec's online trainer, kept by
+the library so that a crash at any moment trains each record once.
+
+The user's script keeps the model and the step: it gives ``OnlineLoop`` a
+function that builds a dataset from a file list and one that trains a loaded
+dataset as a pass. The driver owns everything around them, in this order:
+
+- **Start.** ``donefile.txt`` (``online.last_saved_model``) is the job's
+  commit log. A server starts from its last listed save, or fresh; a worker
+  repairs the serving line of the last listed save (a job that died between
+  the two done files), and a job with nothing listed writes a full save
+  (``<output>/start``), from which the first delta counts.
+- **Each pass** not listed yet, in order: wait for its slices' done files;
+  take the dataset preloaded during the previous pass, or load it; start
+  preloading the next pass when its slices are complete; ``set_pass(day
+  number)``; point the dumps (``dump_fields``) at ``<output>/dump/<day>/<pass>``;
+  train; on worker 0 save the delta (``<day>/delta-<pass>``) and then the
+  checkpoint (``<day>/<pass>``); barrier; list the checkpoint in
+  ``donefile.txt``, then the delta in ``xbox_patch_done.txt``.
+- **Each day's end:** worker 0 shrinks the tables once and saves the day's
+  model (``<day>/0``) and base (``<day>/base``); barrier; both are listed.
+
+A pass that is not listed when a process dies is trained again, whole, from
+the last listed save (``fleetrun --max_restarts`` restarts the job; nothing
+here saves with ``dataset=``, so fleetrun records no checkpoint of its own).
+Saves and dumps appear whole or not at all and are listed only after they are
+complete; done files are replaced whole and list a save once.
+
+``fleet`` is the fleet API (the ``trainer.fleet`` module), passed in: this
+package never imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import online
+
+__all__ = ["DAY_END", "OnlineLoop", "PassInfo"]
+
+DAY_END = -1  # donefile.txt's pass number of a day's base
+
+
+@dataclasses.dataclass(frozen=True)
+class PassInfo:
+    """One step of the loop: a pass of a day (``pass_id`` >= 1, its slices'
+    folders) or the day's end (``pass_id == DAY_END``)."""
+
+    day: str
+    day_number: int  # 1 for the first day: the tables' pass, so rules count days unseen
+    pass_id: int
+    folders: tuple[str, ...] = ()
+
+    def order(self) -> tuple[int, int]:
+        return int(self.day), self.pass_id if self.pass_id != DAY_END else 1 << 30
+
+
+class OnlineLoop:
+    """Trains passes over time-sliced folders as they complete (see the module).
+
+    Args:
+        fleet: the fleet API (the ``trainer.fleet`` module), initialised, with
+            the optimizer distributed.
+        data: the folder of the slices, ``<data>/<day>/<slice>/``.
+        output: where saves, dumps and done files go.
+        first_day: ``YYYYMMDD``; ``days`` consecutive days are trained.
+        hours, split_interval, split_per_pass, is_data_hourly_placed: the passes
+            of a day, as Paddle's ``FleetUtil.get_online_pass_interval``.
+        make_dataset: a dataset for this worker's share of a pass's files.
+        file_pattern: the files of a slice (a glob in its folder).
+        done_file: the file that marks a slice complete.
+        dump_fields: model outputs dumped per instance (None: no dumps).
+        poll_interval, timeout: the wait for a done file (seconds).
+    """
+
+    def __init__(
+        self, fleet: Any, data: str, output: str, first_day: str, *,
+        make_dataset: Callable[[list[str]], Any], days: int = 1, hours: Any = "{0..23}",
+        split_interval: int = 60, split_per_pass: int = 1, is_data_hourly_placed: bool = True,
+        file_pattern: str = "part-*", done_file: str = "to.hadoop.done",
+        dump_fields: Sequence[str] | None = None, poll_interval: float = 1.0,
+        timeout: float | None = None,
+    ) -> None:
+        if days < 1:
+            raise ValueError(f"days must be at least 1, got {days}")
+        self.fleet, self.data, self.output = fleet, data, output
+        self.make_dataset, self.file_pattern, self.done_file = make_dataset, file_pattern, done_file
+        self.dump_fields = list(dump_fields) if dump_fields else None
+        self.poll_interval, self.timeout = poll_interval, timeout
+        passes = online.online_pass_interval(
+            first_day, hours, split_interval, split_per_pass, is_data_hourly_placed)
+        start = datetime.datetime.strptime(first_day, "%Y%m%d")
+        self.steps: list[PassInfo] = []
+        for number in range(1, days + 1):
+            day = (start + datetime.timedelta(days=number - 1)).strftime("%Y%m%d")
+            for pass_id, slices in enumerate(passes, 1):
+                # Hourly folders repeat in passes of splits under an hour: read once.
+                folders = tuple(online.join(online.join(data, day), s)
+                                for s in dict.fromkeys(slices))
+                self.steps.append(PassInfo(day, number, pass_id, folders))
+            self.steps.append(PassInfo(day, number, DAY_END))
+
+    def run(self, train_pass: Callable[[Any, PassInfo], str | None]) -> None:
+        """Serves (a server process) or trains every step not listed yet (a
+        worker), then ``stop_worker()``.
+
+        Args:
+            train_pass: trains the loaded dataset of a pass on every worker
+                (shuffle it, ``train_from_dataset``, reduce its metrics) and
+                returns what worker 0 prints about it, or None.
+        """
+        fleet = self.fleet
+        last_day, last_pass, last_path, key = online.last_saved_model(self.output)
+        if fleet.is_server():
+            fleet.init_server(last_path if last_day != -1 else None)
+            fleet.run_server()
+            return
+        fleet.init_worker()
+        fleet.worker_group()  # fleet.metrics' group forms now, not after the first pass
+        first = fleet.is_first_worker()
+        listed = PassInfo(str(last_day), 0, last_pass).order()
+        if last_day != -1:
+            if first:
+                print(f"online loop: resuming after day {last_day} pass {last_pass}", flush=True)
+            done = next((s for s in self.steps if s.order() == listed), None)
+            self._on_worker_0(lambda: online.write_xbox_donefile(
+                self.output, last_day, last_pass, key,
+                self._inputs(done) if done is not None else self.data,
+                worker_num=fleet.worker_num()))
+        else:
+            if first:
+                fleet.save_persistables(online.join(self.output, "start"))
+            fleet.barrier_worker()
+            key = int(time.time())
+        todo = [step for step in self.steps if step.order() > listed]
+        preloaded = None
+        trained_until = None
+        for index, step in enumerate(todo):
+            if step.pass_id == DAY_END:
+                self._end_day(step, key)
+                continue
+            dataset, was_preloaded = self._dataset(step, preloaded)
+            following = next((s for s in todo[index + 1:] if s.pass_id != DAY_END), None)
+            preloaded = None
+            if following is not None and self._complete(following):
+                preloaded = self.make_dataset(self._files(following))
+                preloaded.preload_into_memory()  # read while this pass trains
+            fleet.set_pass(step.day_number)
+            if self.dump_fields is not None:
+                fleet.current().strategy.trainer_desc_configs = {
+                    "dump_fields_path": online.join(
+                        online.join(online.join(self.output, "dump"), step.day),
+                        str(step.pass_id)),
+                    "dump_fields": self.dump_fields,
+                }
+            started = time.time()  # one clock for the processes of a machine
+            said = train_pass(dataset, step)
+            # From the first worker's start to the last worker's end.
+            ended, first_start = fleet.util.all_reduce([time.time(), -started], "max")
+            dataset.release_memory()
+            if first:
+                gap = "" if trained_until is None else (
+                    f", {-first_start - trained_until:.3f} s after the previous pass"
+                    f"{' (preloaded)' if was_preloaded else ''}")
+                print(f"day {step.day} pass {step.pass_id} ({self._slices(step)}): "
+                      f"{said + ', ' if said else ''}trained in {ended + first_start:.3f} s{gap}",
+                      flush=True)
+                # The delta first: a full save counts every row as saved.
+                fleet.save_persistables(self._save_dir(step, f"delta-{step.pass_id}"), mode=1)
+                fleet.save_persistables(self._save_dir(step, str(step.pass_id)))
+            self._publish(step, key)
+            trained_until = ended
+        fleet.stop_worker()
+
+    # -- the steps -------------------------------------------------------------------
+
+    def _dataset(self, step: PassInfo, preloaded: Any) -> tuple[Any, bool]:
+        for folder in step.folders:
+            online.wait_for_done_file(folder, self.done_file, self.poll_interval, self.timeout)
+        if preloaded is not None:
+            preloaded.wait_preload_done()
+            return preloaded, True
+        dataset = self.make_dataset(self._files(step))
+        dataset.load_into_memory()
+        return dataset, False
+
+    def _end_day(self, step: PassInfo, key: int) -> None:
+        if self.fleet.is_first_worker():
+            self.fleet.shrink()  # once: each call decays the rows' statistics again
+            self.fleet.save_persistables(self._save_dir(step, "0"))
+            self.fleet.save_persistables(self._save_dir(step, "base"), mode=0)
+        self._publish(step, key)
+
+    def _publish(self, step: PassInfo, key: int) -> None:
+        """Lists a step's saves, once every worker is past them: the model in
+        donefile.txt (the step is done), then the serving side's line (a
+        restart adds it if the job died in between)."""
+        self.fleet.barrier_worker()
+        self._on_worker_0(lambda: online.write_model_donefile(
+            self.output, step.day, step.pass_id, key))
+        self._on_worker_0(lambda: online.write_xbox_donefile(
+            self.output, step.day, step.pass_id, key, self._inputs(step),
+            worker_num=self.fleet.worker_num()))
+
+    def _on_worker_0(self, write: Callable[[], object]) -> None:
+        if self.fleet.is_first_worker():
+            write()
+        self.fleet.barrier_worker()
+
+    # -- files -----------------------------------------------------------------------
+
+    def _files(self, step: PassInfo) -> list[str]:
+        from datafeed.source import fs  # pyarrow: not at import trainer
+
+        files = []
+        for folder in step.folders:
+            files += fs.list_files(folder, self.file_pattern)
+        return self.fleet.util.get_file_shard(files)
+
+    def _complete(self, step: PassInfo) -> bool:
+        from datafeed.source import fs
+
+        try:
+            return all(fs.exists(online.join(f, self.done_file)) for f in step.folders)
+        except OSError:
+            return False  # a store that did not answer: load it when its turn comes
+
+    def _inputs(self, step: PassInfo) -> list[str] | str:
+        """The data a save was trained on, for the serving side's done file."""
+        return online.join(self.data, step.day) if step.pass_id == DAY_END else list(step.folders)
+
+    def _save_dir(self, step: PassInfo, name: str) -> str:
+        return online.join(online.join(self.output, step.day), name)
+
+    @staticmethod
+    def _slices(step: PassInfo) -> str:
+        return ",".join(os.path.basename(f.rstrip("/")) for f in step.folders)
