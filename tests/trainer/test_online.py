@@ -289,3 +289,14 @@ def test_the_online_loop_keeps_the_order_and_resumes_after_the_last_listed_pass(
         ("save_persistables", "OUT/20261127/base", "('mode', 0)"),
     ]
     assert [line.split("\t")[3] for line in donefile.read_text().splitlines()] == ["1", "2", "-1"]
+
+
+def test_the_online_loop_refuses_a_second_commit_log(tmp_path: Path, monkeypatch) -> None:
+    from trainer.job.errors import TrainerError
+    from trainer.loop.online_loop import OnlineLoop
+
+    monkeypatch.setenv("FLEETFEED_RESUME_DIR", str(tmp_path / "ckpt"))
+    loop = OnlineLoop(RecordingFleet(), str(tmp_path), str(tmp_path / "out"), "20261127",
+                      make_dataset=list)
+    with pytest.raises(TrainerError, match=r"do not save with dataset= in an online job"):
+        loop.run(lambda dataset, step: None)

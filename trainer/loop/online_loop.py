@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..job import restart
+from ..job.errors import TrainerError
 from . import online
 
 __all__ = ["DAY_END", "OnlineLoop", "PassInfo"]
@@ -109,12 +111,25 @@ class OnlineLoop:
         """Serves (a server process) or trains every step not listed yet (a
         worker), then ``stop_worker()``.
 
+        Raises:
+            TrainerError: fleetrun restarted the job from a checkpoint saved
+                with ``dataset=`` (a second commit log beside donefile.txt).
+
         Args:
             train_pass: trains the loaded dataset of a pass on every worker
                 (shuffle it, ``train_from_dataset``, reduce its metrics) and
                 returns what worker 0 prints about it, or None.
         """
         fleet = self.fleet
+        if restart.resume_dir():
+            # fleetrun would start the servers from that save while the workers
+            # go on after donefile.txt's last pass: records lost or trained twice.
+            raise TrainerError(
+                f"the online loop resumes from {online.join(self.output, 'donefile.txt')}, "
+                f"but fleetrun restarts this job from {restart.resume_dir()}, a checkpoint "
+                "saved with save_persistables(..., dataset=...): do not save with dataset= "
+                "in an online job (its passes are its checkpoints)"
+            )
         last_day, last_pass, last_path, key = online.last_saved_model(self.output)
         if fleet.is_server():
             fleet.init_server(last_path if last_day != -1 else None)
