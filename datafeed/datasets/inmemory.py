@@ -19,12 +19,18 @@ from ..config.settings import INMEMORY_SETTINGS
 from ..config.slots import INS_ID
 from ..iterate import state
 from ..iterate.batch import Batch
-from ..iterate.batcher import Batcher, BatchPlan, Piece, chunk_ranges
+from ..iterate.batcher import (
+    WINDOW_ROWS,
+    Batcher,
+    BatchPlan,
+    chunk_ranges,
+    gathered_ranges,
+)
 from ..records import cache, shared_records
 from ..records.columns import RecordChunk
 from ..records.memory import release_free_memory
 from ..records.stats import FileStats
-from ..records.store import RecordStore
+from ..records.store import PermutedRows, RecordStore
 from ..reorder import collectives, global_shuffle, merge, shuffle
 from ..source import fs
 from .dataset_base import DatasetBase
@@ -207,7 +213,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 "be checked for staleness; use a pyarrow.fs filesystem or local files"
             )
         cache.write_cache(
-            os.fspath(path), store.schema, store.chunks, self._sources, self._source_stats
+            os.fspath(path), store.schema, store.copy_pieces(), self._sources,
+            self._source_stats,
         )
         logger.info("saved %d records to cache %s", store.rows, os.fspath(path))
 
@@ -256,14 +263,10 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             seed = self._shuffles.next_seed(self._settings["seed"])
         self._shuffles.counter += 1
         rows = store.rows
-        if self._shared is None:
-            self._store = shuffle.local_shuffle(store, seed, threads=self._reader_threads)
-        else:  # trainer processes read the records: shuffled straight into a memory file
-            self._store, self._shared = shared_records.shuffled(store, seed, self._reader_threads)
+        # A new order of the same chunks: shared records stay shared.
+        self._store = shuffle.local_shuffle(store, seed)
         self._shuffled_alone = False
         self._note_shuffle(("local", seed), rows)
-        del store
-        release_free_memory()  # the unshuffled chunks
         logger.info("local_shuffle of %d records with seed %d", rows, seed)
 
     def global_shuffle(
@@ -575,7 +578,14 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass over the records in memory, ``batch_size`` records per batch."""
-        batcher, ranges, limit = self._begin_pass("iterating the dataset")
+        batcher, skip_rows, limit = self._begin_pass("iterating the dataset")
+        store = self._require_store("iterating the dataset")
+        if store.order is None:
+            ranges = chunk_ranges(store.chunks, skip_rows=skip_rows)
+        else:  # shuffled: windows of rows gathered ahead, a thread per reader thread
+            window = -(-WINDOW_ROWS // self.batch_size) * self.batch_size
+            threads = min(self._reader_threads, len(os.sched_getaffinity(0)))
+            ranges = gathered_ranges(PermutedRows(store), skip_rows, window, threads)
         yield from batcher.batches(ranges, self._position, limit)
         self._position.end_pass()
 
@@ -583,10 +593,12 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         """Begins a pass as iterating does, as a ``BatchPlan``: its batches built
         by number (Hogwild trainer processes share the records and build their
         own); ``finish()`` ends the pass."""
-        batcher, ranges, limit = self._begin_pass("planning a pass")
+        batcher, skip_rows, limit = self._begin_pass("planning a pass")
         if limit is not None:  # counts from the pass's start, resumed batches included
             limit = max(limit - self._position.batches, 0)
-        return BatchPlan(batcher, list(islice(batcher.group(ranges), limit)), self._position)
+        sources = self._require_store("planning a pass").row_sources()
+        groups = list(islice(batcher.group(chunk_ranges(sources, skip_rows=skip_rows)), limit))
+        return BatchPlan(batcher, groups, self._position, sources)
 
     def share_records(self) -> shared_records.SharedRecords:
         """Moves the records into a memory file for trainer processes (unless there)."""
@@ -595,7 +607,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             self._store, self._shared = shared_records.share_store(store)
         return self._shared
 
-    def _begin_pass(self, what: str) -> tuple[Batcher, Iterator[Piece], int | None]:
+    def _begin_pass(self, what: str) -> tuple[Batcher, int, int | None]:
+        """The pass's batcher, the rows it skips (those consumed before a
+        restart) and its batch limit (``equal_batches``)."""
         store = self._require_store(what)
         batcher = Batcher(
             store.schema, self.batch_size, self._settings["drop_last"],
@@ -605,7 +619,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         start = self._position.take_resume()
         limit = self._equal_batch_count(store) if self._settings["equal_batches"] else None
         self._position.begin_pass(start)
-        return batcher, chunk_ranges(store.chunks, skip_rows=start * self.batch_size), limit
+        return batcher, start * self.batch_size, limit
 
     def _equal_batch_count(self, store: RecordStore) -> int | None:
         """With ``equal_batches`` in a job of several ranks: the fewest batches any

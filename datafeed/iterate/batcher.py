@@ -3,7 +3,9 @@
 
 ``InMemoryDataset`` feeds it the chunks of its store, ``QueueDataset`` the
 chunks its readers stream. A batch is usually a view of one chunk; one that
-straddles a chunk boundary is copied together from several pieces.
+straddles a chunk boundary is copied together from several pieces. A shuffled
+store's rows are gathered: a pass gathers windows of them ahead on threads
+(``gathered_ranges``), and a ``BatchPlan`` gathers each batch as it is built.
 """
 
 from __future__ import annotations
@@ -14,14 +16,22 @@ from typing import Any, NamedTuple, Protocol
 from ..config.errors import SchemaError
 from ..config.slots import SlotSchema
 from ..records.columns import RecordChunk
+from ..records.store import PermutedRows, chunk_of_columns
 from .batch import Batch, BatchBuilder
+
+# Rows a pass gathers at a time from a shuffled store (rounded up to whole
+# batches): about 2 MB of Criteo-sized records. Measured on 1M Criteo-layout
+# records (benchmarks/run_engine.py): larger windows gain nothing and hold
+# more memory; smaller ones pay the per-call cost of the gather.
+WINDOW_ROWS = 8192
 
 
 class Piece(NamedTuple):
-    """Rows ``start:stop`` of ``chunk``; ``source`` tags where the chunk came from
-    (a QueueDataset's reader task, for its position; 0 otherwise)."""
+    """Rows ``start:stop`` of ``chunk`` (records, or a shuffled store's rows
+    gathered when the batch is built); ``source`` tags where the chunk came
+    from (a QueueDataset's reader task, for its position; 0 otherwise)."""
 
-    chunk: RecordChunk
+    chunk: RecordChunk | PermutedRows
     start: int
     stop: int
     source: int = 0
@@ -45,6 +55,31 @@ def chunk_ranges(chunks: Iterable[RecordChunk], skip_rows: int = 0) -> Iterator[
             continue
         yield Piece(chunk, skip_rows, chunk.rows)
         skip_rows = 0
+
+
+def gathered_ranges(
+    rows: PermutedRows, skip_rows: int, window_rows: int, threads: int
+) -> Iterator[Piece]:
+    """The rows of a shuffled store after the first ``skip_rows``, as chunks of
+    ``window_rows``, each gathered while the batches of the one before are
+    handed out (on ``threads`` native threads, each a share of the columns).
+    The threads end with the generator, however it ends."""
+    starts = range(skip_rows, rows.rows, max(1, window_rows))
+    if not starts:
+        return
+    gatherer = rows.gather_ahead(threads)
+    try:
+        for number, start in enumerate(starts):
+            stop = min(start + window_rows, rows.rows)
+            if number == 0:
+                gatherer.submit(rows.order[start:stop])
+            columns = gatherer.result()
+            if number + 1 < len(starts):
+                following = starts[number + 1]
+                gatherer.submit(rows.order[following : following + window_rows])
+            yield Piece(chunk_of_columns(columns, stop - start), 0, stop - start)
+    finally:
+        gatherer.close()
 
 
 class Batcher:
@@ -96,8 +131,13 @@ class Batcher:
             yield pieces
 
     def build(self, pieces: list[Piece]) -> Batch:
-        """The batch of ``pieces``: a view of one chunk, or the pieces copied together."""
-        return self._builder.from_pieces([(chunk, start, stop) for chunk, start, stop, _ in pieces])
+        """The batch of ``pieces``: a view of one chunk, or the pieces copied
+        together (a shuffled store's rows: gathered)."""
+        return self._builder.from_pieces([
+            (chunk.window(start, stop), 0, stop - start) if isinstance(chunk, PermutedRows)
+            else (chunk, start, stop)
+            for chunk, start, stop, _ in pieces
+        ])
 
     def batches(
         self, ranges: Iterable[Piece], counter: Counter, limit: int | None = None
@@ -121,21 +161,32 @@ class BatchPlan:
     """
 
     def __init__(
-        self, batcher: Batcher, groups: list[list[Piece]], position: Counter | None
+        self, batcher: Batcher, groups: list[list[Piece]], position: Counter | None,
+        sources: list[RecordChunk | PermutedRows] | None = None,
     ) -> None:
         self.batcher = batcher
         self._groups = groups
         self._position = position  # None: a copy of the plan in another process
+        self.sources = sources or []
 
-    def pieces(self, chunks: list[RecordChunk]) -> list[list[tuple[int, int, int]]]:
-        """Each batch's pieces as ``(index in chunks, start, stop)``: the plan
-        for a process that holds the same ``chunks`` (``of_pieces``)."""
-        index = {id(chunk): i for i, chunk in enumerate(chunks)}
+    @property
+    def order(self) -> Any:
+        """The row order of the shuffled store the batches are gathered from
+        (an int64 array, for ``attach_store``), or None."""
+        permuted = [s for s in self.sources if isinstance(s, PermutedRows)]
+        return permuted[0].order if permuted else None
+
+    def pieces(self) -> list[list[tuple[int, int, int]]]:
+        """Each batch's pieces as ``(index in sources, start, stop)``: the plan
+        for a process that holds the same records (``of_pieces`` with its
+        store's ``row_sources()``)."""
+        index = {id(chunk): i for i, chunk in enumerate(self.sources)}
         return [[(index[id(p.chunk)], p.start, p.stop) for p in group] for group in self._groups]
 
     @classmethod
     def of_pieces(
-        cls, batcher: Batcher, chunks: list[RecordChunk], pieces: list[list[Any]]
+        cls, batcher: Batcher, chunks: list[RecordChunk | PermutedRows],
+        pieces: list[list[Any]],
     ) -> BatchPlan:
         """The plan that ``pieces()`` described, over this process's ``chunks``
         (it counts no position: ``finish`` is the planning process's)."""

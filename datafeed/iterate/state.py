@@ -322,7 +322,7 @@ def replay_shuffle(
     it sends them; every worker must replay it together."""
     kind, seed = entry[0], int(entry[1])
     if kind == "local":
-        return shuffle.local_shuffle(store, seed, threads)
+        return shuffle.local_shuffle(store, seed)
     if kind == "merge":  # merge by line id: ("merge", seed, merge_size)
         return merge.merge_by_ins_id(store, int(entry[2]), seed)[0]
     if kind in _GLOBAL:

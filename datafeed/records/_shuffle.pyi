@@ -1,3 +1,5 @@
+from typing import Any
+
 import numpy as np
 
 def gather_fixed(
@@ -18,3 +20,11 @@ def gather_ragged(
     out_offsets: np.ndarray,
     out: np.ndarray,
 ) -> None: ...
+
+class RowGather:
+    def __init__(self, chunks: list[Any], column_count: int) -> None: ...
+    @property
+    def rows(self) -> int: ...
+    def gather(
+        self, rows: np.ndarray, first_column: int = 0, stop_column: int = -1
+    ) -> list[tuple[np.ndarray, np.ndarray | None, int]]: ...

@@ -6,13 +6,14 @@ or loaded again between passes. The records of each pass reach them through
 one memory file (``memfd``): ``share_store`` copies a store's arrays into it
 and returns the store rebuilt as views of it (the private arrays can then be
 freed, so sharing takes no memory beyond the copy's moment), with a
-``SharedRecords`` handle; ``shuffled`` shuffles a store straight into a new
-one (a dataset whose records were shared before shuffles so, and copies
-nothing at its next pass). A process given the file descriptor and layout
-rebuilds the same store with ``attach_store``, copying nothing.
+``SharedRecords`` handle. A shuffle gives a store a new order of the same
+chunks, so shared records stay shared across shuffles; the order (8 bytes per
+record) is sent to the processes with each pass. A process given the file
+descriptor, layout and order rebuilds the same store with ``attach_store``,
+copying no record.
 
-The file lives while the shared store does in this process (its descriptor
-closes with the store) and while another process maps it.
+The file lives while any of its arrays does in this process (its descriptor
+closes with the last) and while another process maps it.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ from typing import Any
 import numpy as np
 
 from ..config.slots import SlotSchema
-from ..reorder.shuffle import permutation
 from .columns import RecordChunk, SlotColumn
 from .store import RecordStore
 
-__all__ = ["SharedRecords", "attach_store", "share_store", "shuffled"]
+__all__ = ["SharedRecords", "attach_store", "share_store"]
 
 _ALIGN = 64  # each array starts on a cache line
 
@@ -43,24 +43,14 @@ class SharedRecords:
     def __init__(self, fd: int, layout: dict[str, Any], store: RecordStore) -> None:
         self.fd = fd
         self.layout = layout
-        self._store = weakref.ref(store)
         self._chunks = [weakref.ref(chunk) for chunk in store.chunks]
 
     def holds(self, store: RecordStore) -> bool:
-        """Whether ``store`` is the shared store, its chunks unchanged (records
-        loaded since are appended to it)."""
-        return (
-            self._store() is store and len(store.chunks) == len(self._chunks)
-            and all(ref() is c for ref, c in zip(self._chunks, store.chunks, strict=True))
+        """Whether ``store``'s chunks are the shared ones, in any order (not when
+        records were loaded since: they are appended as chunks of their own)."""
+        return len(store.chunks) == len(self._chunks) and all(
+            ref() is c for ref, c in zip(self._chunks, store.chunks, strict=True)
         )
-
-    @property
-    def chunks(self) -> list[RecordChunk]:
-        """The shared store's chunks, in the layout's order."""
-        store = self._store()
-        if store is None:
-            raise RuntimeError("the shared records were dropped (a shuffle or load since)")
-        return store.chunks
 
 
 def share_store(store: RecordStore) -> tuple[RecordStore, SharedRecords]:
@@ -93,26 +83,7 @@ def share_store(store: RecordStore) -> tuple[RecordStore, SharedRecords]:
     except BaseException:
         os.close(file.fd)
         raise
-    return file.share(RecordStore(store.schema, chunks))
-
-
-def shuffled(store: RecordStore, seed: int, threads: int) -> tuple[RecordStore, SharedRecords]:
-    """``shuffle.local_shuffle`` of ``store`` written straight into a new memory
-    file (no copy after it): the shuffled records, and their handle."""
-    rows = store.rows
-    # Room for every array the gather makes: no more values than the parts
-    # hold, offsets of at most 8 bytes.
-    size = sum(
-        sum(_room(chunk.columns[i].values.nbytes) for chunk in store.chunks)
-        + _room(8 * (rows + 1)) for i in range(len(store.schema))
-    )
-    file = _MemoryFile(size)
-    try:
-        taken = store.take(permutation(rows, seed), threads=threads, allocate=file.empty)
-    except BaseException:
-        os.close(file.fd)
-        raise
-    return file.share(taken)
+    return file.share(RecordStore(store.schema, chunks, store.order))
 
 
 def _placed(nbytes: int) -> int:
@@ -179,14 +150,19 @@ class _MemoryFile:
             for chunk in store.chunks
         ]
         layout = {"size": max(self._used, 1), "arrays": self._places, "chunks": chunks}
-        weakref.finalize(store, os.close, self.fd)
+        # Every array here holds the mapping: the last one gone closes the file.
+        weakref.finalize(self._memory, os.close, self.fd)
         return store, SharedRecords(self.fd, layout, store)
 
 
-def attach_store(schema: SlotSchema, fd: int, layout: dict[str, Any]) -> RecordStore:
+def attach_store(
+    schema: SlotSchema, fd: int, layout: dict[str, Any], order: np.ndarray | None = None
+) -> RecordStore:
     """The store that ``layout`` describes, as views of the memory file ``fd``
-    (which the caller may close: the mapping stays while the store lives)."""
-    return _rebuild(schema, layout, _views(fd, layout))
+    (which the caller may close: the mapping stays while the store lives), in
+    ``order`` (the shared store's ``order``)."""
+    store = _rebuild(schema, layout, _views(fd, layout))
+    return store if order is None else RecordStore(schema, store.chunks, order)
 
 
 def _views(fd: int, layout: dict[str, Any]) -> list[np.ndarray]:

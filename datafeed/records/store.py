@@ -1,14 +1,18 @@
-"""The in-memory record store: the loaded records as a list of column chunks.
+"""The in-memory record store: the loaded records as column chunks, in an order.
 
 Chunks come from the reader threads in file order, so the store's order (and
 so every seeded shuffle of it) depends only on the inputs, never on thread
-timing. A shuffle gathers every column into one new contiguous chunk.
+timing. A shuffle copies no record: it gives the store an order, one row
+number per record (8 bytes each), and the rows are gathered from the chunks
+when a batch is built (``PermutedRows``). ``take`` makes a contiguous copy
+where one is needed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -18,16 +22,38 @@ from . import _shuffle
 from .arrow import arrow_schema_of, chunk_to_record_batch
 from .columns import RecordChunk, SlotColumn, offsets_dtype
 
+# Rows per gathered piece of a shuffled store that is copied whole (to Arrow,
+# to a cache): pieces of about 4 MB of Criteo-sized records, not a second store.
+COPY_WINDOW_ROWS = 16384
+
 # Makes an output array: (shape, dtype) -> an uninitialised array (np.empty's signature).
 Allocate = Callable[..., np.ndarray]
 
 
 class RecordStore:
-    """Records of one schema held in memory as numpy column chunks."""
+    """Records of one schema held in memory as numpy column chunks, in an order.
 
-    def __init__(self, schema: SlotSchema, chunks: list[RecordChunk] | None = None) -> None:
+    Attributes:
+        schema: the slots (and text fields) of the records.
+        chunks: the records as they were loaded or received.
+        order: None when the store's rows are the chunks' rows in chunk
+            order; else an int64 array, the store's row ``i`` being the
+            chunks' row ``order[i]`` (row numbers counted across the chunks).
+    """
+
+    def __init__(
+        self, schema: SlotSchema, chunks: list[RecordChunk] | None = None,
+        order: np.ndarray | None = None,
+    ) -> None:
         self.schema = schema
         self.chunks: list[RecordChunk] = [c for c in (chunks or []) if c.rows]
+        self.order: np.ndarray | None = None
+        if order is not None:
+            order = np.ascontiguousarray(order, dtype=np.int64)
+            held = sum(c.rows for c in self.chunks)
+            if len(order) != held:
+                raise ValueError(f"an order of {len(order)} rows for chunks of {held} rows")
+            self.order = order
 
     @property
     def rows(self) -> int:
@@ -35,14 +61,51 @@ class RecordStore:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the value and offset arrays."""
-        return sum(c.nbytes for c in self.chunks)
+        """Bytes held by the value and offset arrays, and by the order."""
+        order = 0 if self.order is None else self.order.nbytes
+        return sum(c.nbytes for c in self.chunks) + order
 
     def extend(self, chunks: list[RecordChunk]) -> None:
+        """Appends records after the store's last row."""
+        before = self.rows
         self.chunks.extend(c for c in chunks if c.rows)
+        if self.order is not None:
+            self.order = np.concatenate([self.order, np.arange(before, self.rows)])
 
     def clear(self) -> None:
         self.chunks = []
+        self.order = None
+
+    def chunk_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The chunks' row numbers of the store's ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return rows if self.order is None else np.take(self.order, rows)
+
+    def reordered(self, permutation: np.ndarray) -> RecordStore:
+        """The same records, the new store's row ``i`` being this store's row
+        ``permutation[i]`` (a permutation of all rows): no record is copied."""
+        permutation = np.asarray(permutation, dtype=np.int64)
+        if len(permutation) != self.rows:
+            raise ValueError(
+                f"reordered: a permutation of {len(permutation)} rows for {self.rows} records"
+            )
+        return RecordStore(self.schema, self.chunks, self.chunk_rows(permutation))
+
+    def in_chunk_order(self) -> RecordStore:
+        """The same chunks without the order (the rows as loaded or received)."""
+        return self if self.order is None else RecordStore(self.schema, self.chunks)
+
+    def row_sources(self) -> list[RecordChunk | PermutedRows]:
+        """What batches are cut from, in the store's order: the chunks
+        themselves, or the one ``PermutedRows`` of a store with an order."""
+        return list(self.chunks) if self.order is None else [PermutedRows(self)]
+
+    def copy_pieces(self) -> list[RecordChunk]:
+        """The records in the store's order as chunks: the chunks themselves, or
+        pieces gathered one at a time as the list is read (see ``PieceList``)."""
+        if self.order is None:
+            return list(self.chunks)
+        return PieceList(PermutedRows(self), COPY_WINDOW_ROWS)
 
     def _sources(self, permutation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each output row ``i``: the chunk and the row in it that
@@ -64,7 +127,7 @@ class RecordStore:
         its arrays made by ``allocate(shape, dtype)`` (from several threads)."""
         if not self.chunks:
             return RecordStore(self.schema)
-        chunk_of, row_of = self._sources(permutation)
+        chunk_of, row_of = self._sources(self.chunk_rows(permutation))
         columns: list[SlotColumn | None] = [None] * len(self.schema)
 
         def gather(i: int) -> None:
@@ -96,16 +159,24 @@ class RecordStore:
         columns = []
         for i, picked in enumerate(rows):
             if id(picked) not in sources:
-                sources[id(picked)] = self._sources(picked)
+                sources[id(picked)] = self._sources(self.chunk_rows(picked))
             chunk_of, row_of = sources[id(picked)]
             columns.append(gather_column([c.columns[i] for c in self.chunks], chunk_of, row_of))
         return RecordStore(self.schema, [RecordChunk(tuple(columns), length)])
 
     def permute_columns(self, indices: list[int], permutation: np.ndarray) -> RecordStore:
         """A new store where, in the slots at ``indices``, row ``i`` holds the
-        values of row ``permutation[i]``; the other slots are shared, not copied."""
+        values of row ``permutation[i]``; the other slots are shared, not copied
+        (and the order is kept)."""
         if not self.chunks:
             return RecordStore(self.schema)
+        permutation = np.asarray(permutation, dtype=np.int64)
+        if self.order is not None:
+            # In the chunks' numbering: the chunks' row order[i] takes the
+            # values of the chunks' row order[permutation[i]].
+            in_chunks = np.empty_like(self.order)
+            in_chunks[self.order] = np.take(self.order, permutation)
+            permutation = in_chunks
         chunk_of, row_of = self._sources(permutation)
         gathered = {
             i: gather_column([c.columns[i] for c in self.chunks], chunk_of, row_of)
@@ -119,12 +190,92 @@ class RecordStore:
                 columns[i] = column.slice(start, start + chunk.rows)
             chunks.append(RecordChunk(tuple(columns), chunk.rows))
             start += chunk.rows
-        return RecordStore(self.schema, chunks)
+        return RecordStore(self.schema, chunks, self.order)
 
     def to_arrow(self) -> pa.Table:
-        """The records as a ``pyarrow.Table``; values are shared, not copied."""
-        batches = [chunk_to_record_batch(self.schema, c) for c in self.chunks]
+        """The records in the store's order as a ``pyarrow.Table``: values
+        shared, not copied, when the store has no order; else copied, since
+        Arrow's record batches hold consecutive rows."""
+        batches = [chunk_to_record_batch(self.schema, c) for c in self.copy_pieces()]
         return pa.Table.from_batches(batches, schema=arrow_schema_of(self.schema))
+
+
+class PermutedRows:
+    """A store's rows in its order, gathered from its chunks on demand: the
+    source that a shuffled store's batches are cut from.
+
+    Attributes:
+        rows: the rows of the store.
+    """
+
+    def __init__(self, store: RecordStore) -> None:
+        if store.order is None:
+            raise ValueError("PermutedRows of a store without an order: use its chunks")
+        self.rows = len(store.order)
+        self._order = store.order
+        self._columns = len(store.schema)
+        self._gather = _shuffle.RowGather(store.chunks, self._columns)
+
+    @property
+    def column_count(self) -> int:
+        return self._columns
+
+    @property
+    def order(self) -> np.ndarray:
+        """The store's order: its row ``i`` is the chunks' row ``order[i]``."""
+        return self._order
+
+    def columns(
+        self, start: int, stop: int, first: int = 0, last: int = -1
+    ) -> list[tuple[np.ndarray, np.ndarray | None, int]]:
+        """Rows ``start:stop`` of columns ``first:last`` (all by default), as
+        ``(values, offsets or None, width)`` per column: new arrays, gathered
+        without the GIL, so that several threads can each gather some columns."""
+        return self._gather.gather(self._order[start:stop], first, last)
+
+    def window(self, start: int, stop: int) -> RecordChunk:
+        """Rows ``start:stop`` as a new chunk."""
+        return chunk_of_columns(self.columns(start, stop), stop - start)
+
+    def gather_ahead(self, threads: int) -> _shuffle.GatherAhead:
+        """A gatherer of these rows on ``threads`` native threads: its
+        ``submit(order[start:stop])`` starts one, its ``result()`` gives the
+        columns as ``columns`` does; ``close()`` it."""
+        return _shuffle.GatherAhead(self._gather, threads)
+
+
+def chunk_of_columns(
+    columns: list[tuple[np.ndarray, np.ndarray | None, int]], rows: int
+) -> RecordChunk:
+    """A chunk of ``rows`` records from ``PermutedRows.columns`` triples."""
+    return RecordChunk(
+        tuple(SlotColumn(values, offsets, width) for values, offsets, width in columns), rows
+    )
+
+
+class PieceList(Sequence[RecordChunk]):
+    """The rows of ``PermutedRows`` as consecutive chunks of ``window_rows``,
+    each gathered when it is read (and not kept): a copy of a shuffled store
+    that never holds more than one piece (a cache, an Arrow table)."""
+
+    def __init__(self, rows: PermutedRows, window_rows: int) -> None:
+        self._rows = rows
+        self._window = max(1, window_rows)
+
+    def __len__(self) -> int:
+        return -(-self._rows.rows // self._window)
+
+    @overload
+    def __getitem__(self, index: int) -> RecordChunk: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordChunk]: ...
+    def __getitem__(self, index: int | slice) -> RecordChunk | list[RecordChunk]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"piece {index} of {len(self)}")
+        start = (index % len(self)) * self._window
+        return self._rows.window(start, min(start + self._window, self._rows.rows))
 
 
 def gather_column(

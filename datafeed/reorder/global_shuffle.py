@@ -121,8 +121,9 @@ def global_shuffle(
             the same value.
 
     Returns:
-        This rank's new records (one chunk, in shuffled order, or in global
-        index order when routed by instance id) and the seed used.
+        This rank's new records (the chunks as they arrived, in an order:
+        shuffled, or global index order when routed by instance id) and the
+        seed used.
 
     Raises:
         GlobalShuffleError: a peer died or stalled, seeds disagree, records
@@ -282,21 +283,36 @@ def _shuffle(
     allowance = PeerAllowance(len(schema), nbytes.tolist())
     received: list[RecordChunk] = []
     received_positions: list[np.ndarray] = []
+    # Records in chunk order go chunk by chunk, each released once sent; a
+    # store with an order (shuffled before) is gathered round by round from
+    # chunks that stay whole until the last round.
+    sent_order = store.order
+    in_chunks = store.in_chunk_order()
     pending = list(store.chunks)
     store.clear()  # the chunks now live in ``pending`` only, and go as they are sent
+    if sent_order is None:
+        del in_chunks
+    else:
+        pending = []
     for index in range(rounds):
         begin = min(index * per_round, local)
         end = min(begin + per_round, local)
-        part, pending = _take_rows(pending, end - begin)
+        if sent_order is None:
+            part, pending = _take_rows(pending, end - begin)
+            source, rows = RecordStore(schema, part), np.arange(end - begin)
+            del part
+        else:
+            source, rows = in_chunks, sent_order[begin:end]
         payloads = _encode_round(
             schema,
-            part,
+            source,
+            rows,
             positions[begin:end],
             destinations[begin:end],
             world,
             threads,
         )
-        del part
+        del source
         what = f"round {index + 1} of {rounds}"
         due = [expected[bounds[index * world + s] : bounds[index * world + s + 1]]
                for s in range(world)]
@@ -316,6 +332,8 @@ def _shuffle(
             received_positions.append(pos)
         del payloads, arrivals
         release_free_memory()  # the records sent: glibc keeps freed heap pages
+    if sent_order is not None:
+        del in_chunks, sent_order
     # 4. Exactly the expected positions arrived; order them (the local shuffle).
     arrived = (
         np.concatenate(received_positions)
@@ -340,7 +358,8 @@ def _shuffle(
         # By uid: this rank's share in a random order of its own (by instance id
         # it stays in global index order: the merge that follows shuffles it).
         order = order[np.random.default_rng([seed, rank]).permutation(len(order))]
-    result = RecordStore(schema, received).take(order, threads=threads)
+    # The records stay where they arrived; the store's order is the shuffle.
+    result = RecordStore(schema, received, order)
     del received, received_positions
     # 5. The global count, after.
     after = torch.tensor([result.rows], dtype=torch.int64)
@@ -480,6 +499,8 @@ def _exchange_owners(
         [_route_ranks(chunk.columns[column], route_by, world) for chunk in store.chunks]
         or [np.empty(0, np.int64)]
     ).astype(dtype)
+    if store.order is not None:  # in the store's order, as its records are numbered
+        mine = mine[store.order]
     size = mine.nbytes
     send = np.tile(mine.view(np.uint8), world)
     itemsize = np.dtype(dtype).itemsize
@@ -601,13 +622,16 @@ def _take_rows(
 
 def _encode_round(
     schema: SlotSchema,
-    part: list[RecordChunk],
+    source: RecordStore,
+    rows: np.ndarray,
     positions: np.ndarray,
     destinations: np.ndarray,
     world: int,
     threads: int,
 ) -> tuple[np.ndarray, list[int]]:
-    """One Arrow IPC stream per destination rank, back to back in one buffer.
+    """One Arrow IPC stream per destination rank, back to back in one buffer:
+    the records at ``rows`` of ``source`` (store rows), with their ``positions``
+    and ``destinations``.
 
     Returns the buffer and the bytes for each destination (0 for none). The
     streams are measured first and written into a buffer of the exact size: no
@@ -616,7 +640,7 @@ def _encode_round(
     if not len(positions):
         return np.empty(0, dtype=np.uint8), [0] * world
     order = np.argsort(destinations, kind="stable")
-    grouped = RecordStore(schema, part).take(order, threads=threads).chunks[0]
+    grouped = source.take(rows[order], threads=threads).chunks[0]
     bounds = np.searchsorted(destinations[order], np.arange(world + 1))
     sorted_positions = positions[order]
     batches: list[pa.RecordBatch | None] = []

@@ -109,9 +109,10 @@ def merge_by_ins_id(
     rows = store.rows
     if rows == 0:
         return store, MergeCounts(0, 0, 0, 0)
-    whole = store.take(np.arange(rows), threads=1).chunks[0] if len(store.chunks) > 1 else (
-        store.chunks[0]
-    )
+    if len(store.chunks) == 1 and store.order is None:
+        whole = store.chunks[0]
+    else:  # one contiguous chunk in the store's order: the merge reads it whole
+        whole = store.take(np.arange(rows), threads=1).chunks[0]
     ids = _ids(whole.columns[schema.index(INS_ID)])
     order = np.argsort(ids, kind="stable")
     ids = ids[order]

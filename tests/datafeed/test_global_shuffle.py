@@ -147,8 +147,9 @@ if scenario == "by_uid":
     ds.global_shuffle(fleet, seed=5)
     gs.ROUND_BYTES = round_bytes
     result["records"] = records(ds)
-    column = ds._store.chunks[0].columns[ds._store.schema.index("uid")]
-    result["owners"] = sorted(set(uid_ranks(column, fleet.worker_num()).tolist()))
+    index = ds._store.schema.index("uid")
+    result["owners"] = sorted({int(r) for chunk in ds._store.chunks
+                               for r in uid_ranks(chunk.columns[index], fleet.worker_num())})
     big = by_uid(files)
     big.global_shuffle(fleet, seed=5)
     result["same_with_big_rounds"] = records(big) == result["records"]
@@ -188,6 +189,19 @@ result["seed"] = ds.last_shuffle_seed
 big = load()
 big.global_shuffle(fleet, seed=11)
 result["same_with_big_rounds"] = ids(big) == result["order"]
+# Records shuffled before are numbered in their shuffled order (gathered round
+# by round): as if they had been copied into that order first.
+import numpy as np
+ordered = load(fleet_send_batch_size=3)
+ordered.local_shuffle(seed=2)
+round_bytes, gs.ROUND_BYTES = gs.ROUND_BYTES, 1
+ordered.global_shuffle(fleet, seed=11)
+gs.ROUND_BYTES = round_bytes
+copied = load()
+copied.local_shuffle(seed=2)
+copied._store = copied._store.take(np.arange(copied._store.rows))
+copied.global_shuffle(fleet, seed=11)
+result["ordered_sender"] = ids(ordered) == ids(copied) and ids(ordered) != result["order"]
 # seed=None everywhere: rank 0's fresh seed, the same on every rank.
 fresh = load()
 fresh.global_shuffle()
@@ -325,6 +339,7 @@ def test_global_shuffle_across_processes(tmp_path: Path, sizes: list[int]) -> No
     assert len({r["fresh_seed"] for r in results}) == 1
     assert Counter(i for r in results for i in r["fresh_order"]) == Counter(all_ids)
     assert all(r["resumed"] for r in results)
+    assert all(r["ordered_sender"] for r in results)
     assert all("same seed on every rank" in r["seed_error"] for r in results)
     assert [r["kept_after_seed_error"] for r in results] == sizes
     assert [r["unequal_batches"] for r in results] == [-(-n // 4) for n in sizes]
@@ -550,7 +565,7 @@ def test_payloads_round_trip_and_are_checked_against_the_slots(
     store = ds._store
     schema = ds.schema
     positions = np.arange(15, dtype=np.int64)
-    send, sizes = gs._encode_round(schema, store.chunks, positions, positions % 2, 2, 1)
+    send, sizes = gs._encode_round(schema, store, positions, positions, positions % 2, 2, 1)
     assert len(sizes) == 2 and sum(sizes) == len(send)
     first = send[: sizes[0]]
     evens = np.arange(0, 15, 2, dtype=np.int64)

@@ -449,16 +449,16 @@ def test_shared_records_are_the_records_and_follow_their_changes(ctr_files):
     assert copy.to_arrow().equals(records)
     alone = dataset(ctr_files[0][:1], batch_size=7)
     alone.local_shuffle(seed=3)
-    train.local_shuffle(seed=3)  # records shared before: shuffled into a new memory file
-    shuffled = train._shared
-    assert shuffled is not shared and shuffled.holds(train._store)
-    assert train.share_records() is shuffled  # nothing to copy at the next pass
+    train.local_shuffle(seed=3)  # a new order of the shared chunks: nothing copied
+    assert train._shared is shared and shared.holds(train._store)
+    assert train.share_records() is shared  # nothing to copy at the next pass
     assert train.to_arrow().equals(alone.to_arrow())
-    copy = attach_store(train.schema, os.dup(shuffled.fd), shuffled.layout)
+    order = train._store.order
+    copy = attach_store(train.schema, os.dup(shared.fd), shared.layout, order)
     assert copy.to_arrow().equals(alone.to_arrow())
     train.set_filelist([str(ctr_files[0][1])])
     train.load_into_memory()  # appended to the shared store
-    assert train.share_records() is not shuffled
+    assert train.share_records() is not shared
     assert train.to_arrow().num_rows == 6000
 
 
@@ -466,7 +466,7 @@ def test_a_slot_without_values_is_shared_as_itself(ctr_files):
     """An empty array takes no bytes of the memory file, yet keeps a place of
     its own in the layout (a store whose ids are all empty, shuffled)."""
     from datafeed.records.columns import RecordChunk, SlotColumn
-    from datafeed.records.shared_records import attach_store, share_store, shuffled
+    from datafeed.records.shared_records import attach_store, share_store
     from datafeed.records.store import RecordStore
 
     schema = dataset(ctr_files[0][:1]).schema
@@ -476,8 +476,8 @@ def test_a_slot_without_values_is_shared_as_itself(ctr_files):
         SlotColumn(np.ones(3, dtype=np.float32), None, 1),
     )
     store = RecordStore(schema, [RecordChunk(columns, 3)])
-    for shared, handle in (share_store(store), shuffled(store, seed=1, threads=1)):
-        copy = attach_store(schema, os.dup(handle.fd), handle.layout)
+    for shared, handle in (share_store(store), share_store(store.reordered([2, 0, 1]))):
+        copy = attach_store(schema, os.dup(handle.fd), handle.layout, shared.order)
         assert copy.to_arrow().equals(shared.to_arrow())
         assert copy.to_arrow().column("ids").to_pylist() == [[], [], []]
         ids = copy.chunks[0].columns[0]

@@ -179,12 +179,13 @@ def run_processes(run: Any, dataset: Any, count: int, setup: ProcessPassSetup) -
             for group in optimizer.param_groups
         ],
         "batcher": [plan.batcher.batch_size, plan.batcher.drop_last, plan.batcher.input_type],
-        "plan": plan.pieces(records.chunks),
+        "plan": plan.pieces(),
         "records": records.layout,
+        "ordered": plan.order is not None,
         "ticks": {name: pull_ticks(table) for name, table in tables.items()},
     }
     try:
-        pool.start_pass(message, records.fd, run.stop)
+        pool.start_pass(message, records.fd, run.stop, plan.order)
         with contextlib.suppress(PassStopped), _one_torch_thread_for_the_pass():
             run.work(TakenBatches(plan, pool.counter), main_thread=False)
         results = pool.results()  # a process's failure (it stopped this loop) raised here

@@ -119,9 +119,13 @@ class WorkerPool:
                 return f"process {number} (pid {pid}) ended ({_status_text(status)})"
         return None
 
-    def start_pass(self, message: dict, records_fd: int, stop: threading.Event) -> None:
-        """Sends every process the pass (``message``, and the records' memory
-        file); a thread collects their results while this process trains."""
+    def start_pass(
+        self, message: dict, records_fd: int, stop: threading.Event,
+        order: np.ndarray | None = None,
+    ) -> None:
+        """Sends every process the pass (``message``, the records' memory file,
+        and the order of shuffled records, its raw int64 bytes); a thread
+        collects their results while this process trains."""
         self.counter[0] = 0
         for adder in self.adders.values():
             adder.resume()
@@ -138,6 +142,8 @@ class WorkerPool:
         for pid, conn in self.processes.values():
             conn.send_bytes(body)
             reduction.send_handle(conn, records_fd, pid)
+            if order is not None:
+                conn.send_bytes(memoryview(order).cast("B"))
 
     def results(self) -> list[dict]:
         """Each process's result of the pass, in process order (raises a
@@ -302,6 +308,8 @@ def _serve(number, conn, template, tables, pool, schema, parent) -> None:
             try:
                 message = json.loads(conn.recv_bytes())
                 fd = reduction.recv_handle(conn)
+                if message["ordered"]:
+                    message["order"] = np.frombuffer(conn.recv_bytes(), dtype=np.int64)
             except EOFError:  # the pool is closed
                 status = 0
                 break
@@ -328,12 +336,13 @@ def _train_pass(message, fd, template, tables, pool, schema) -> dict:
     """One pass of this process: the records mapped from ``fd``, the plan, the
     hyperparameters and clocks of the message; its counters and timings."""
     try:
-        store = attach_store(schema, fd, message["records"])
+        store = attach_store(schema, fd, message["records"], message.get("order"))
     finally:
         os.close(fd)  # the mapping stays while the store lives (this pass)
     batch_size, drop_last, input_type = message["batcher"]
     plan = BatchPlan.of_pieces(
-        Batcher(schema, batch_size, drop_last, input_type), store.chunks, message["plan"]
+        Batcher(schema, batch_size, drop_last, input_type), store.row_sources(),
+        message["plan"],
     )
     update = template.hogwild.update
     for group, hyper in zip(update.optimizer.param_groups, message["hyper"], strict=True):
