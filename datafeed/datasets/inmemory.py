@@ -28,7 +28,7 @@ from ..iterate.batcher import (
 )
 from ..records import cache, shared_records
 from ..records.columns import RecordChunk
-from ..records.memory import release_free_memory
+from ..records.memory import callers_objects_frozen, release_free_memory
 from ..records.stats import FileStats
 from ..records.store import PermutedRows, RecordStore
 from ..reorder import collectives, global_shuffle, merge, shuffle
@@ -87,7 +87,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 ``local_shuffle`` / ``global_shuffle``.
         """
         self._check_no_preload("load_into_memory")
-        self._load(self._reader_threads)
+        with callers_objects_frozen():
+            self._load(self._reader_threads)
 
     def preload_into_memory(self, thread_num: int | None = None) -> None:
         """Starts loading in the background; ``wait_preload_done()`` finishes it."""
@@ -97,7 +98,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
 
         def run() -> None:
             try:
-                self._load(thread_num or self._reader_threads, show_progress=False)
+                with callers_objects_frozen():
+                    self._load(thread_num or self._reader_threads, show_progress=False)
             except BaseException as error:  # noqa: BLE001 - re-raised in wait_preload_done
                 outcome["error"] = error
 

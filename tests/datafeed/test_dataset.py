@@ -539,3 +539,61 @@ def test_read_timeout_must_be_positive():
     expected = "'read_timeout' setting must be None or seconds > 0, got 0"
     with pytest.raises(SchemaError, match=expected):
         InMemoryDataset().init(read_timeout=0)
+
+
+# -- the collector during a load ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("preload", [False, True])
+def test_collections_during_a_load_leave_the_callers_objects_alone(
+    tmp_path, preload: bool
+) -> None:
+    """A collection that runs while records load (forced here: a collection
+    every allocation; those of the reader threads are watched) finds the
+    objects made before the load frozen, so it never traverses them; after
+    the load they are collectable again."""
+    import gc
+    import threading
+
+    files = write_small_files(tmp_path, files=4, per_file=50)
+    callers = [[i] for i in range(20_000)]  # the training script's objects
+    frozen_during: list[int] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start" and threading.current_thread().name.startswith("datafeed-reader"):
+            frozen_during.append(gc.get_freeze_count())
+
+    ds = InMemoryDataset()
+    ds.init(batch_size=4, use_var=SMALL_SCHEMA, thread_num=2)
+    ds.set_filelist(files)
+    assert gc.get_freeze_count() == 0
+    threshold = gc.get_threshold()
+    gc.callbacks.append(record)
+    gc.set_threshold(1)
+    try:
+        if preload:
+            ds.preload_into_memory()
+            ds.wait_preload_done()
+        else:
+            ds.load_into_memory()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(record)
+    assert ds.get_memory_data_size() == 200
+    assert frozen_during and min(frozen_during) > len(callers)
+    assert gc.get_freeze_count() == 0  # unfrozen after the load
+
+
+def test_a_caller_that_froze_its_objects_keeps_them_frozen(small_files: list[str]) -> None:
+    import gc
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        ds = InMemoryDataset()
+        ds.init(batch_size=4, use_var=SMALL_SCHEMA)
+        ds.set_filelist(small_files)
+        ds.load_into_memory()
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
