@@ -1,10 +1,19 @@
 """Measure fleetfeed's InMemoryDataset on MultiSlot files: one contender, one process.
 
-The same stages as ``paddle_engine.py`` (load, memory per record, local
-shuffle) through fleetfeed's public API, plus batch iteration: one epoch of
-``for batch in dataset``, then a second shuffle and epoch to show that every
-``local_shuffle`` reshuffles. ``run_engine.py`` starts it once per repeat, each
-time in a fresh process, and takes medians.
+The same stages as ``paddle_engine.py`` (load, memory per record, five local
+shuffles) through fleetfeed's public API, plus batch iteration: one epoch of
+``for batch in dataset`` after the shuffles, then a sixth shuffle and epoch to
+show that every ``local_shuffle`` reshuffles. Each stage's peak resident
+memory is read from VmHWM, reset before the stage (``/proc/self/clear_refs``).
+The garbage collections during the load are counted and timed (torch is
+imported, as in a training script). ``run_engine.py`` starts it once per
+repeat, each time in a fresh process, and takes medians.
+
+``--kernel`` measures instead the parser kernel alone on the same files, read
+into memory first: ``ChunkParser`` on two threads, each parsing every other
+file, chunks taken and dropped (``benchmarks/bench_parse.py``'s 2-thread
+contender): what a load could reach if reading the files, keeping the records
+and handing them on cost nothing.
 
 The last line of stdout is one JSON object with the figures.
 """
@@ -12,11 +21,14 @@ The last line of stdout is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import json
 import os
 import platform
+import statistics
 import sys
+import threading
 import time
 from typing import Any
 
@@ -25,7 +37,11 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from datafeed import InMemoryDataset, Slot
+from datafeed import InMemoryDataset, Slot, SlotSchema
+from datafeed.parse.parsing import ChunkParser
+
+SHUFFLES = 5  # local_shuffle runs per process: the issue's stability measure
+KERNEL_FEED_BYTES = 4 << 20  # bench_parse.py's feeds
 
 
 def cpu_seconds() -> float:
@@ -45,6 +61,41 @@ def read_status_kb(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/self/status has no {field} field (not Linux?)")
+
+
+def reset_peak() -> None:
+    """Sets VmHWM back to the current resident size, so that the next reading
+    is the peak of what runs in between (Linux 4.0+)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+class CollectionClock:
+    """The garbage collections between ``start()`` and ``stop()``: how many of
+    each generation, and the milliseconds they took."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.ms = [0.0, 0.0, 0.0]
+        self._began = 0.0
+        self._on = False
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if not self._on:
+            return
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            generation = info["generation"]
+            self.counts[generation] += 1
+            self.ms[generation] += (time.perf_counter() - self._began) * 1e3
+
+    def start(self) -> None:
+        self._on = True
+
+    def stop(self) -> None:
+        self._on = False
 
 
 def fleetfeed_version() -> str:
@@ -102,25 +153,38 @@ def measure(paths: list[str], batch_size: int, thread_num: int) -> dict[str, Any
         progress=False,
     )
     dataset.set_filelist(paths)
+    objects_before = len(gc.get_objects())
 
+    collections = CollectionClock()
     rss_before = read_status_kb("VmRSS")
+    peak_before = read_status_kb("VmHWM")  # the imports' peak
+    reset_peak()
+    collections.start()
     cpu0, t0 = cpu_seconds(), time.perf_counter()
     dataset.load_into_memory()
     load_s = time.perf_counter() - t0
     load_cpu_s = cpu_seconds() - cpu0
+    collections.stop()
     rss_loaded = read_status_kb("VmRSS")
+    peak_load = read_status_kb("VmHWM")
     records = int(dataset.get_memory_data_size())
     stats = dataset.stats()
-    table_nbytes = dataset.to_arrow().nbytes
+    array_bytes = dataset.nbytes  # values and offsets (no order before a shuffle)
 
-    t0 = time.perf_counter()
-    dataset.local_shuffle(seed=1)
-    shuffle_s = time.perf_counter() - t0
+    reset_peak()
+    shuffle_runs = []
+    for seed in range(1, SHUFFLES + 1):
+        t0 = time.perf_counter()
+        dataset.local_shuffle(seed=seed)
+        shuffle_runs.append(time.perf_counter() - t0)
     rss_shuffled = read_status_kb("VmRSS")
+    peak_shuffle = read_status_kb("VmHWM")
+    reset_peak()
     epoch1_s, epoch1_records, first1 = iterate_epoch(dataset)
+    peak_iterate = read_status_kb("VmHWM")
 
     t0 = time.perf_counter()
-    dataset.local_shuffle(seed=2)
+    dataset.local_shuffle(seed=SHUFFLES + 1)
     shuffle2_s = time.perf_counter() - t0
     epoch2_s, epoch2_records, first2 = iterate_epoch(dataset)
 
@@ -149,16 +213,73 @@ def measure(paths: list[str], batch_size: int, thread_num: int) -> dict[str, Any
         "rss_loaded": rss_loaded,
         "rss_shuffled": rss_shuffled,
         "bytes_per_record": (rss_loaded - rss_before) / records,
-        # What the records themselves take, for comparison with the RSS delta
-        # (which also counts allocator slack and parser buffers kept alive).
-        "arrow_bytes_per_record": table_nbytes / records,
-        "shuffle_s": shuffle_s,
+        # What the records' arrays themselves take, for comparison with the
+        # RSS delta (which also counts allocator slack).
+        "array_bytes_per_record": array_bytes / records,
+        "shuffle_s": statistics.median(shuffle_runs),
+        "shuffle_runs": shuffle_runs,
         "shuffle2_s": shuffle2_s,
+        "peak_load": peak_load,
+        "peak_shuffle": peak_shuffle,
+        "peak_iterate": peak_iterate,
+        # The issue's measure: the highest of the three peaks over the whole
+        # process's resident size after the load.
+        "peak_over_resident": max(peak_load, peak_shuffle, peak_iterate) / rss_loaded,
+        "load_collections": collections.counts,
+        "load_collection_ms": collections.ms,
+        "objects_before_load": objects_before,
         "iterate_s": epoch1_s,
         "iterate_records_per_s": records / epoch1_s,
         "iterate2_records_per_s": records / epoch2_s,
         "reshuffled": first1 != first2,
-        "vm_hwm": read_status_kb("VmHWM"),
+        "vm_hwm": max(peak_before, peak_load, peak_shuffle, read_status_kb("VmHWM")),
+    }
+
+
+def parse_all(schema: SlotSchema, data: bytes) -> int:
+    """Parses ``data`` as bench_parse.py does (4 MiB feeds, a chunk taken after
+    each and dropped); returns the records parsed."""
+    view = memoryview(data)
+    parser = ChunkParser(schema, "kernel")
+    start = 0
+    while start < len(view):
+        end = min(start + KERNEL_FEED_BYTES, len(view))
+        consumed = parser.feed(view[start:end])
+        if consumed == 0 and end == len(view):
+            break
+        start += consumed
+        parser.take_chunk()
+    parser.feed_final(view[start:])
+    parser.take_chunk()
+    return parser.records
+
+
+def measure_kernel(paths: list[str], thread_num: int) -> dict[str, Any]:
+    """The parser kernel alone on ``paths``, read into memory first."""
+    schema = SlotSchema(criteo_use_var())
+    texts = []
+    for path in paths:
+        with open(path, "rb") as f:
+            texts.append(f.read())
+    counts = [0] * thread_num
+
+    def work(k: int) -> None:
+        for text in texts[k::thread_num]:
+            counts[k] += parse_all(schema, text)
+
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(thread_num)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    seconds = time.perf_counter() - t0
+    return {
+        "contender": "kernel",
+        "threads": thread_num,
+        "records": sum(counts),
+        "kernel_s": seconds,
+        "kernel_lines_per_s": sum(counts) / seconds,
     }
 
 
@@ -167,11 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", help="MultiSlot text files")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kernel", action="store_true", help="the parser kernel alone (see the docstring)"
+    )
     args = parser.parse_args(argv)
     missing = [p for p in args.paths if not os.path.isfile(p)]
     if missing:
         parser.error(f"missing input files: {', '.join(missing)}")
-    result = measure(args.paths, args.batch_size, args.threads)
+    if args.kernel:
+        result = measure_kernel(args.paths, args.threads)
+    else:
+        result = measure(args.paths, args.batch_size, args.threads)
     print(json.dumps(result), flush=True)
     return 0
 

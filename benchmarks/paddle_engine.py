@@ -1,5 +1,10 @@
 """Measure Paddle's InMemoryDataset on MultiSlot files: one contender, one process.
 
+Load, memory per record, five ``local_shuffle`` runs and (with ``--iterate``)
+one ``train_from_dataset`` pass; each stage's peak resident memory is read
+from VmHWM, reset before the stage (``/proc/self/clear_refs``), as
+``fleetfeed_engine.py`` does.
+
 Runs inside Paddle's own Python (``/opt/paddle-venv/bin/python``; the Makefile's
 ``bench-paddle`` builds ``.venv-paddle``), so it imports nothing from fleetfeed
 and needs nothing beyond the standard library and paddle. ``run_engine.py``
@@ -14,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +34,15 @@ def cpu_seconds() -> float:
     """
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+SHUFFLES = 5  # local_shuffle runs per process, as fleetfeed_engine.py
+
+
+def reset_peak() -> None:
+    """Sets VmHWM back to the current resident size (Linux 4.0+)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def read_status_kb(field: str) -> int:
@@ -79,17 +94,24 @@ def measure(
         dataset.set_filelist(paths)
 
         rss_before = read_status_kb("VmRSS")
+        peak_before = read_status_kb("VmHWM")
+        reset_peak()
         cpu0, t0 = cpu_seconds(), time.perf_counter()
         dataset.load_into_memory()
         load_s = time.perf_counter() - t0
         load_cpu_s = cpu_seconds() - cpu0
         rss_loaded = read_status_kb("VmRSS")
+        peak_load = read_status_kb("VmHWM")
         records = int(dataset.get_memory_data_size())
 
-        t0 = time.perf_counter()
-        dataset.local_shuffle()
-        shuffle_s = time.perf_counter() - t0
+        reset_peak()
+        shuffle_runs = []
+        for _ in range(SHUFFLES):
+            t0 = time.perf_counter()
+            dataset.local_shuffle()
+            shuffle_runs.append(time.perf_counter() - t0)
         rss_shuffled = read_status_kb("VmRSS")
+        peak_shuffle = read_status_kb("VmHWM")
 
         result: dict[str, Any] = {
             "contender": "paddle",
@@ -107,7 +129,10 @@ def measure(
             "rss_loaded": rss_loaded,
             "rss_shuffled": rss_shuffled,
             "bytes_per_record": (rss_loaded - rss_before) / records,
-            "shuffle_s": shuffle_s,
+            "shuffle_s": statistics.median(shuffle_runs),
+            "shuffle_runs": shuffle_runs,
+            "peak_load": peak_load,
+            "peak_shuffle": peak_shuffle,
         }
         if iterate:
             # Not a target of the issue: Paddle has no Python-level batch
@@ -118,6 +143,7 @@ def measure(
             # train_from_dataset writes <id>_train_desc.prototxt into the
             # working directory (paddle/base/executor.py): keep it out of ours.
             cwd = os.getcwd()
+            reset_peak()
             with tempfile.TemporaryDirectory(prefix="paddle_engine_") as scratch:
                 os.chdir(scratch)
                 try:
@@ -131,7 +157,10 @@ def measure(
             result["train_from_dataset_records_per_s"] = (
                 records / result["train_from_dataset_s"]
             )
-        result["vm_hwm"] = read_status_kb("VmHWM")
+            result["peak_iterate"] = read_status_kb("VmHWM")
+        peaks = [peak_load, peak_shuffle, result.get("peak_iterate", 0)]
+        result["peak_over_resident"] = max(peaks) / rss_loaded
+        result["vm_hwm"] = max(peak_before, *peaks, read_status_kb("VmHWM"))
         return result
 
 
