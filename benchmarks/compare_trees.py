@@ -35,6 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "compare_trees.md"
+ALL_BENCHMARKS = ["engine", "speed", "generator", "global_shuffle", "ps", "small_ctr"]
 
 
 @dataclass(frozen=True)
@@ -137,16 +138,20 @@ def generator(lines: int, source: str) -> Benchmark:
 def global_shuffle(records: int) -> Benchmark:
     def extract(stdout: str) -> dict[str, float]:
         rows = [cells for key, cells in table_rows(stdout).items() if key.isdigit()]
-        return {
+        figures = {
             "global_shuffle": statistics.median(number(r[3]) for r in rows),
             "global_shuffle peak extra": max(number(r[5]) for r in rows),
         }
+        if all(len(r) > 8 for r in rows):  # since the whole process's peak is reported
+            figures["global_shuffle peak / resident"] = max(number(r[8]) for r in rows)
+        return figures
 
     return Benchmark(
         "global_shuffle, 2 workers (benchmarks/bench_global_shuffle.py)",
         [
             Figure("global_shuffle", "records/s/worker", True),
             Figure("global_shuffle peak extra", "x dataset", False),
+            Figure("global_shuffle peak / resident", "x", False),
         ],
         lambda tree: [
             str(tree / "benchmarks" / "bench_global_shuffle.py"), "--no-write",
@@ -231,6 +236,18 @@ def compare(bench: Benchmark, before: Path, after: Path, repeats: int) -> list[s
             runs[tree].append(run_once(bench, tree))
     rows = []
     for fig in bench.figures:
+        if not all(fig.name in r for r in runs[before] + runs[after]):
+            # A figure one tree's script does not report yet: its own values only.
+            shown = {
+                tree: statistics.median(r[fig.name] for r in runs[tree])
+                if all(fig.name in r for r in runs[tree]) else None
+                for tree in (before, after)
+            }
+            b_text, a_text = (
+                "-" if v is None else f"{v:,.4g}" for v in (shown[before], shown[after])
+            )
+            rows.append(f"| {fig.name} | {fig.unit} | {b_text} | {a_text} | - | not in both |")
+            continue
         b = statistics.median(r[fig.name] for r in runs[before])
         a = statistics.median(r[fig.name] for r in runs[after])
         ratio = a / b if b else float("nan")
@@ -248,11 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("after", type=Path, help="the changed tree")
     parser.add_argument("--repeats", type=int, default=3, help="runs per tree per benchmark")
     parser.add_argument("--lines", type=int, default=1_000_000, help="engine input lines")
-    parser.add_argument(
-        "--only", nargs="*",
-        default=["engine", "speed", "generator", "global_shuffle", "ps", "small_ctr"],
-        choices=["engine", "speed", "generator", "global_shuffle", "ps", "small_ctr"],
-    )
+    parser.add_argument("--only", nargs="*", default=ALL_BENCHMARKS, choices=ALL_BENCHMARKS)
     parser.add_argument("--no-write", action="store_true", help=f"print only, leave {RESULTS}")
     args = parser.parse_args(argv)
     before, after = args.before.resolve(), args.after.resolve()
@@ -288,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Two trees side by side",
         "",
-        f"`python benchmarks/compare_trees.py {args.before} {args.after} --repeats {args.repeats}`"
+        f"`python benchmarks/compare_trees.py {args.before} {args.after} --repeats {args.repeats}"
+        + (f" --only {' '.join(args.only)}" if args.only != ALL_BENCHMARKS else "") + "`"
         f" on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores: medians of "
         f"{args.repeats} runs per tree, alternating in fresh processes (ABBA).",
         "",

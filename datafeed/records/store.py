@@ -10,7 +10,7 @@ where one is needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import overload
 
@@ -25,10 +25,6 @@ from .columns import RecordChunk, SlotColumn, offsets_dtype
 # Rows per gathered piece of a shuffled store that is copied whole (to Arrow,
 # to a cache): pieces of about 4 MB of Criteo-sized records, not a second store.
 COPY_WINDOW_ROWS = 16384
-
-# Makes an output array: (shape, dtype) -> an uninitialised array (np.empty's signature).
-Allocate = Callable[..., np.ndarray]
-
 
 class RecordStore:
     """Records of one schema held in memory as numpy column chunks, in an order.
@@ -100,7 +96,7 @@ class RecordStore:
         themselves, or the one ``PermutedRows`` of a store with an order."""
         return list(self.chunks) if self.order is None else [PermutedRows(self)]
 
-    def copy_pieces(self) -> list[RecordChunk]:
+    def copy_pieces(self) -> Sequence[RecordChunk]:
         """The records in the store's order as chunks: the chunks themselves, or
         pieces gathered one at a time as the list is read (see ``PieceList``)."""
         if self.order is None:
@@ -120,11 +116,9 @@ class RecordStore:
         del chunk_of_row
         return chunk_of, permutation - np.take(starts, chunk_of)
 
-    def take(
-        self, permutation: np.ndarray, threads: int = 2, allocate: Allocate = np.empty
-    ) -> RecordStore:
-        """A new store whose row ``i`` is this store's row ``permutation[i]``,
-        its arrays made by ``allocate(shape, dtype)`` (from several threads)."""
+    def take(self, permutation: np.ndarray, threads: int = 2) -> RecordStore:
+        """A new store of one contiguous chunk whose row ``i`` is this store's
+        row ``permutation[i]``, its columns gathered on ``threads`` threads."""
         if not self.chunks:
             return RecordStore(self.schema)
         chunk_of, row_of = self._sources(self.chunk_rows(permutation))
@@ -132,7 +126,7 @@ class RecordStore:
 
         def gather(i: int) -> None:
             parts = [c.columns[i] for c in self.chunks]
-            columns[i] = gather_column(parts, chunk_of, row_of, allocate)
+            columns[i] = gather_column(parts, chunk_of, row_of)
 
         if threads <= 1:  # small gathers (a global shuffle's rounds): no pool to start
             for i in range(len(self.schema)):
@@ -278,17 +272,14 @@ class PieceList(Sequence[RecordChunk]):
         return self._rows.window(start, min(start + self._window, self._rows.rows))
 
 
-def gather_column(
-    parts: list[SlotColumn], chunk_of: np.ndarray, row_of: np.ndarray,
-    allocate: Allocate = np.empty,
-) -> SlotColumn:
+def gather_column(parts: list[SlotColumn], chunk_of: np.ndarray, row_of: np.ndarray) -> SlotColumn:
     """Row ``row_of[i]`` of part ``chunk_of[i]``, for every i, as one new
-    column, its arrays made by ``allocate(shape, dtype)``."""
+    column."""
     dtype = parts[0].values.dtype
     widths = {p.width for p in parts}
     if len(widths) == 1 and all(p.offsets is None for p in parts):
         width = parts[0].width
-        values = allocate(len(chunk_of) * width, dtype)
+        values = np.empty(len(chunk_of) * width, dtype)
         _shuffle.gather_fixed(
             [p.values.view(np.uint8) for p in parts],
             width * dtype.itemsize,
@@ -303,10 +294,10 @@ def gather_column(
     starts = np.cumsum([0] + [p.rows for p in parts])
     lengths = lengths[starts[chunk_of] + row_of]
     total = int(lengths.sum())
-    offsets = allocate(len(chunk_of) + 1, offsets_dtype(total))
+    offsets = np.empty(len(chunk_of) + 1, offsets_dtype(total))
     offsets[0] = 0
     np.cumsum(lengths, out=offsets[1:])
-    values = allocate(total, dtype)
+    values = np.empty(total, dtype)
     no_offsets = np.empty(0, dtype=np.uint8)
     _shuffle.gather_ragged(
         [p.values.view(np.uint8) for p in parts],

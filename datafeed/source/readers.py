@@ -33,7 +33,10 @@ from .process import HELD_OUTPUT_SECONDS, PipeProcess, feed_in_pieces
 from .process_groups import commands_end_on_sigterm
 from .ranges import ChunkSink, LimitedReader, OrderedChunks, describe, plan_tasks
 
-READ_BUFFER_BYTES = 4 << 20
+# Bytes read at a time: a read stays in the core's L2 cache while the parser
+# goes over it (on 1M Criteo lines with 2 threads, 256 KiB reads load 4% faster
+# than 4 MiB reads; a longer line grows the buffer).
+READ_BUFFER_BYTES = 256 << 10
 # Rows per parsed chunk. Small chunks keep the parser's column buffers in cache:
 # on 1M Criteo lines with 2 threads, 64k-row chunks load 2.6 M lines/s, 8k-row
 # chunks 3.1 M (0.75 -> 0.62 CPU seconds). They also bound a QueueDataset's memory.
