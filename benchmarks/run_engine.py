@@ -165,7 +165,8 @@ def copy_line(ff: list[dict[str, Any]]) -> str:
         f"{fmt(median_of(ff, 'copy_peak_over_resident'), '.2f')}x the resident size, "
         f"and a pass over the copy runs at {contiguous / 1e6:.2f} M records/s "
         f"against {gathered / 1e6:.2f} gathered: the copy pays back after {passes} "
-        "passes over one order, and jobs shuffle every pass"
+        "passes over one order, at that peak; a job that shuffles before every pass "
+        "never makes it back"
     )
 
 
@@ -326,7 +327,7 @@ def build_report(
             "dropped and never pays them"
         ),
         (
-            "- peak RSS (VmHWM, whole process, median): "
+            "- peak RSS (VmHWM, whole process until the epoch after the shuffles, median): "
             f"fleetfeed {fmt(med(ff, 'vm_hwm', 2**20), '.0f', ' MiB')}, "
             f"Paddle {fmt(med(pd, 'vm_hwm', 2**20), '.0f', ' MiB')}"
         ),
