@@ -95,7 +95,7 @@ test-pythons:
 # torch, the extensions compiled for that interpreter. Skipped if it is absent.
 OLDEST_PYTHON := $(firstword $(SUPPORTED_PYTHONS))
 SMOKE_VENV := .venv-smoke-$(OLDEST_PYTHON)
-SMOKE_TESTS := $(addprefix tests/datafeed/,test_parse.py test_cache.py test_cli.py test_process.py)
+SMOKE_TESTS := $(addprefix tests/datafeed/,test_parse.py test_cache.py test_cli.py test_process.py test_gather.py)
 smoke-oldest:
 	@py=$(call find_python,$(OLDEST_PYTHON)); \
 	if [ -z "$$py" ]; then echo "== Python $(OLDEST_PYTHON): not installed, smoke skipped"; exit 0; fi; \

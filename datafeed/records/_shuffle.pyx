@@ -8,6 +8,7 @@ memory traffic, and the loops run without the GIL so that columns gather in
 parallel threads.
 """
 
+cimport cython
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -256,7 +257,9 @@ cdef struct Worker:
 
 
 cdef void _run_worker(void* argument) noexcept nogil:
-    # A native thread: it never takes the GIL, and touches only its Worker.
+    # A native thread: it never takes the GIL and touches no Python object, only
+    # its Worker, the table it reads and the output arrays it fills (all kept
+    # alive by the GatherAhead until the gather's result is taken).
     cdef Worker* worker = <Worker*> argument
     cdef int64_t* chunk_of
     cdef int64_t* row_of
@@ -446,6 +449,10 @@ cdef class RowGather:
         cdef list columns
         if stop_column < 0 or stop_column > self.column_count:
             stop_column = self.column_count
+        if first_column < 0 or first_column > stop_column:
+            raise ValueError(
+                f"columns {first_column}:{stop_column} of {self.column_count} columns"
+            )
         chunk_of = <int64_t*> PyMem_Malloc(max(n, 1) * sizeof(int64_t))
         row_of = <int64_t*> PyMem_Malloc(max(n, 1) * sizeof(int64_t))
         outs = <ColumnOut*> PyMem_Malloc(max(self.column_count, 1) * sizeof(ColumnOut))
@@ -472,6 +479,15 @@ cdef int _check_located(Py_ssize_t bad, const int64_t[::1] rows, int64_t total) 
     return 0
 
 
+cdef Py_ssize_t _threads_running = 0  # every GatherAhead's, under the GIL
+
+
+def gather_threads_running():
+    """The native threads of every GatherAhead not closed yet."""
+    return _threads_running
+
+
+@cython.no_gc_clear  # its threads read the arrays it holds until they end
 cdef class GatherAhead:
     """``RowGather.gather`` of all columns on ``threads`` native threads, each
     a share of the columns, while the caller goes on: ``submit(rows)``, then
@@ -492,7 +508,8 @@ cdef class GatherAhead:
     cdef bint pending
     cdef bint closed
 
-    def __cinit__(self, RowGather source, Py_ssize_t threads):
+    def __cinit__(self, RowGather source not None, Py_ssize_t threads):
+        global _threads_running
         cdef Py_ssize_t i, count = max(1, min(threads, max(source.column_count, 1)))
         self.source = source
         self.closed = True
@@ -524,6 +541,7 @@ cdef class GatherAhead:
                 self._end()
                 raise RuntimeError("could not start a gather thread")
             self.thread_count = i + 1
+            _threads_running += 1
         self.closed = False
 
     def submit(self, const int64_t[::1] rows):
@@ -574,7 +592,9 @@ cdef class GatherAhead:
         self._end()
 
     cdef void _end(self) noexcept:
+        global _threads_running
         cdef Py_ssize_t i
+        _threads_running -= self.thread_count
         if self.workers != NULL:
             with nogil:
                 for i in range(self.thread_count):

@@ -54,6 +54,7 @@ from .arrow import (
 )
 from .columns import RecordChunk
 from .stats import FileStats, LoadStats
+from .store import PieceList
 
 METADATA_KEY = b"fleetfeed.cache"
 FORMAT = "fleetfeed-cache"
@@ -101,10 +102,14 @@ def write_cache(
             is left as it was.
     """
     arrow_schema = arrow_schema_of(schema)
+    # A shuffled store's pieces are gathered as they are written: their
+    # layout and count are read without gathering them twice more.
+    gathered = isinstance(chunks, PieceList)
+    layouts = [chunks.layout()] * len(chunks) if gathered else chunks
     widths = [
         [0 if (slot.is_dense or column.offsets is not None) else column.width
          for slot, column in zip(schema, chunk.columns, strict=True)]
-        for chunk in chunks
+        for chunk in layouts
     ]
     meta = {
         "format": FORMAT,
@@ -115,7 +120,7 @@ def write_cache(
             {k: v for k, v in asdict(f).items() if k != "seconds"} for f in per_file
         ],
         "uniform_widths": widths,
-        "records": sum(c.rows for c in chunks),
+        "records": chunks.rows if gathered else sum(c.rows for c in chunks),
     }
     arrow_schema = arrow_schema.with_metadata({METADATA_KEY: json.dumps(meta).encode()})
 

@@ -8,12 +8,14 @@ and returns the store rebuilt as views of it (the private arrays can then be
 freed, so sharing takes no memory beyond the copy's moment), with a
 ``SharedRecords`` handle. A shuffle gives a store a new order of the same
 chunks, so shared records stay shared across shuffles; the order (8 bytes per
-record) is sent to the processes with each pass. A process given the file
-descriptor, layout and order rebuilds the same store with ``attach_store``,
-copying no record.
+record) goes to the processes with each pass in a memory file of its own
+(``share_order``, ``attach_order``), which they all map. A process given the
+file descriptors, layout and order rebuilds the same store with
+``attach_store``, copying no record.
 
-The file lives while any of its arrays does in this process (its descriptor
-closes with the last) and while another process maps it.
+The records' file lives while its handle or any of its arrays does in this
+process (its descriptor closes with the last) and while another process maps
+it.
 """
 
 from __future__ import annotations
@@ -30,19 +32,22 @@ from ..config.slots import SlotSchema
 from .columns import RecordChunk, SlotColumn
 from .store import RecordStore
 
-__all__ = ["SharedRecords", "attach_store", "share_store"]
+__all__ = ["SharedRecords", "attach_order", "attach_store", "share_order", "share_store"]
 
 _ALIGN = 64  # each array starts on a cache line
 
 
 class SharedRecords:
-    """The memory file a shared store's arrays are in: ``fd`` (open while the
-    store is alive) and ``layout``, the plain description (JSON) from which
-    ``attach_store`` rebuilds the store."""
+    """The memory file a shared store's arrays are in: ``fd`` (open while this
+    handle or any of the arrays is alive) and ``layout``, the plain
+    description (JSON) from which ``attach_store`` rebuilds the store."""
 
-    def __init__(self, fd: int, layout: dict[str, Any], store: RecordStore) -> None:
+    def __init__(
+        self, fd: int, layout: dict[str, Any], store: RecordStore, memory: mmap.mmap
+    ) -> None:
         self.fd = fd
         self.layout = layout
+        self._memory = memory  # a store of no records holds no array of it
         self._chunks = [weakref.ref(chunk) for chunk in store.chunks]
 
     def holds(self, store: RecordStore) -> bool:
@@ -135,7 +140,7 @@ class _MemoryFile:
 
     def share(self, store: RecordStore) -> tuple[RecordStore, SharedRecords]:
         """``store`` (its arrays all made here) and its handle; the file's
-        descriptor closes with the store."""
+        descriptor closes with the last of them."""
         base = np.frombuffer(self._memory, dtype=np.uint8, count=1).ctypes.data
         index = {offset: i for i, (offset, _, _) in enumerate(self._places)}
 
@@ -150,9 +155,29 @@ class _MemoryFile:
             for chunk in store.chunks
         ]
         layout = {"size": max(self._used, 1), "arrays": self._places, "chunks": chunks}
-        # Every array here holds the mapping: the last one gone closes the file.
+        # The handle and every array here hold the mapping: the last one gone
+        # closes the file.
         weakref.finalize(self._memory, os.close, self.fd)
-        return store, SharedRecords(self.fd, layout, store)
+        return store, SharedRecords(self.fd, layout, store, self._memory)
+
+
+def share_order(order: np.ndarray) -> int:
+    """A new memory file holding ``order`` (int64): its descriptor, which the
+    caller closes once the processes have theirs."""
+    file = _MemoryFile(order.nbytes)
+    try:
+        file.copy(np.ascontiguousarray(order, dtype=np.int64))
+    except BaseException:
+        os.close(file.fd)
+        raise
+    return file.fd
+
+
+def attach_order(fd: int, rows: int) -> np.ndarray:
+    """The order in the memory file ``fd`` (``share_order``), ``rows`` long, as
+    a read-only view of it (the caller may close ``fd``)."""
+    memory = mmap.mmap(fd, max(rows * 8, 1), prot=mmap.PROT_READ)  # MAP_SHARED
+    return np.frombuffer(memory, dtype=np.int64, count=rows)
 
 
 def attach_store(

@@ -49,6 +49,7 @@ class RecordStore:
             held = sum(c.rows for c in self.chunks)
             if len(order) != held:
                 raise ValueError(f"an order of {len(order)} rows for chunks of {held} rows")
+            order.flags.writeable = False  # gatherers check its rows once, then trust them
             self.order = order
 
     @property
@@ -95,6 +96,17 @@ class RecordStore:
         """What batches are cut from, in the store's order: the chunks
         themselves, or the one ``PermutedRows`` of a store with an order."""
         return list(self.chunks) if self.order is None else [PermutedRows(self)]
+
+    def column_in_order(self, index: int) -> SlotColumn:
+        """Column ``index`` of every record, in the store's order, as one column
+        (the chunks' own when there is one and no order; else a new one)."""
+        parts = [c.columns[index] for c in self.chunks]
+        if self.order is None and len(parts) == 1:
+            return parts[0]
+        if not parts:
+            raise ValueError("column_in_order of a store without records")
+        chunk_of, row_of = self._sources(self.chunk_rows(np.arange(self.rows)))
+        return gather_column(parts, chunk_of, row_of)
 
     def copy_pieces(self) -> Sequence[RecordChunk]:
         """The records in the store's order as chunks: the chunks themselves, or
@@ -194,6 +206,12 @@ class RecordStore:
         return pa.Table.from_batches(batches, schema=arrow_schema_of(self.schema))
 
 
+def gather_threads_running() -> int:
+    """The native threads of passes over shuffled stores running now (in no
+    ``threading.enumerate()``): a process about to fork checks them."""
+    return _shuffle.gather_threads_running()
+
+
 class PermutedRows:
     """A store's rows in its order, gathered from its chunks on demand: the
     source that a shuffled store's batches are cut from.
@@ -249,12 +267,22 @@ def chunk_of_columns(
 
 class PieceList(Sequence[RecordChunk]):
     """The rows of ``PermutedRows`` as consecutive chunks of ``window_rows``,
-    each gathered when it is read (and not kept): a copy of a shuffled store
-    that never holds more than one piece (a cache, an Arrow table)."""
+    each gathered when it is read (and not kept): a cache written from it
+    holds one piece at a time (an Arrow table made of it holds them all)."""
 
     def __init__(self, rows: PermutedRows, window_rows: int) -> None:
         self._rows = rows
         self._window = max(1, window_rows)
+
+    @property
+    def rows(self) -> int:
+        """The rows of all the pieces."""
+        return self._rows.rows
+
+    def layout(self) -> RecordChunk:
+        """A chunk of no rows laid out as every piece is (which columns have
+        offsets, and the widths of the others)."""
+        return self._rows.window(0, 0)
 
     def __len__(self) -> int:
         return -(-self._rows.rows // self._window)

@@ -209,6 +209,8 @@ def _shuffle(
                 bad_uid = at + problem
                 break
             at += chunk.rows
+        if bad_uid >= 0 and store.order is not None:  # its place in the store's order
+            bad_uid = int(np.flatnonzero(store.order == bad_uid)[0])
     mine = torch.tensor(
         [
             store.rows,

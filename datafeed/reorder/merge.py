@@ -109,11 +109,9 @@ def merge_by_ins_id(
     rows = store.rows
     if rows == 0:
         return store, MergeCounts(0, 0, 0, 0)
-    if len(store.chunks) == 1 and store.order is None:
-        whole = store.chunks[0]
-    else:  # one contiguous chunk in the store's order: the merge reads it whole
-        whole = store.take(np.arange(rows), threads=1).chunks[0]
-    ids = _ids(whole.columns[schema.index(INS_ID)])
+    # Read a column at a time in the store's order (a copy of one column at
+    # most): the records themselves are gathered once, into the merged store.
+    ids = _ids(store.column_in_order(schema.index(INS_ID)))
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
     starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
@@ -133,7 +131,7 @@ def merge_by_ins_id(
     conflict_slot = np.full(len(starts), -1)
     sources: list[np.ndarray] = []  # per slot: the sorted position of its source record
     for index, slot in enumerate(slots):
-        held = _has_values(whole.columns[index], slot)[order]
+        held = _has_values(store.column_in_order(index), slot)[order]
         # The last record of each group that holds values, else the group's first.
         last = np.maximum.reduceat(np.where(held, position, -1), starts)
         sources.append(np.where(last >= 0, last, starts))
@@ -156,7 +154,7 @@ def merge_by_ins_id(
     firsts = order[starts[groups]]
     picks = [order[source[groups]] for source in sources]
     picks += [firsts] * len(schema.text_fields)  # the first record's id and content
-    merged = RecordStore(schema, [whole]).take_per_column(picks)
+    merged = store.take_per_column(picks)
     counts = MergeCounts(rows, len(groups), dropped_size, dropped_conflict)
     logger.info(
         "merge by line id: %d records -> %d merged records (%d dropped: %d by size, "

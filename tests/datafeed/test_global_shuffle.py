@@ -93,8 +93,9 @@ if scenario == "merge":
     gs.ROUND_BYTES = round_bytes
     result["records"] = records(ds)
     result["total_after"] = ds.get_memory_data_size(fleet)
-    column = ds._store.chunks[0].columns[ds._store.schema.index("__ins_id__")]
-    result["owners"] = sorted(set(ins_id_ranks(column, fleet.worker_num()).tolist()))
+    index = ds._store.schema.index("__ins_id__")
+    result["owners"] = sorted({int(r) for chunk in ds._store.chunks
+                               for r in ins_id_ranks(chunk.columns[index], fleet.worker_num())})
     big = merged()
     big.global_shuffle(fleet, seed=5)
     result["same_with_big_rounds"] = records(big) == result["records"]

@@ -524,6 +524,24 @@ def test_threads_serve_what_processes_cannot(ctr_files, caplog):
         other.join()
     assert summary.hogwild == "threads"
 
+    # A pass over a shuffled dataset under way: its native gather threads count.
+    paused = dataset(ctr_files[0])
+    paused.local_shuffle(seed=1)
+    batches = iter(paused)
+    next(batches)
+    try:
+        plain = CtrModel()
+        with caplog.at_level("INFO", logger="trainer.executor"):
+            summary = Executor().train_from_dataset(
+                plain, dataset(ctr_files[0]),
+                local_optimizer(plain, torch.optim.Adagrad(plain.parameters(), lr=0.1)),
+                thread=2, hogwild=True, fetch_list=[],
+            )
+    finally:
+        batches.close()
+    assert summary.hogwild == "threads"
+    assert "gather threads of a pass over a shuffled dataset are running" in caplog.text
+
 
 # -- shared tables -----------------------------------------------------------------------
 

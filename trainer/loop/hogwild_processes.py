@@ -51,6 +51,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from datafeed.records.shared_records import share_order
+from datafeed.records.store import gather_threads_running
+
 from ..embedding import stores, tables
 from ..ps.tables.shared_rows import add_pull_ticks, pull_ticks, rows_missing, share_table, sharing
 from ..ps.tables.table import IdIndex
@@ -144,6 +147,11 @@ def _unavailable_reason(run: Any, dataset: Any, step: HogwildStep) -> str | None
     if others:
         names = ", ".join(sorted(others))
         return f"other threads are running ({names}): a fork could copy a lock one holds"
+    if gather_threads_running():  # native: threading.enumerate() does not list them
+        return (
+            f"{gather_threads_running()} gather threads of a pass over a shuffled dataset "
+            "are running: a fork could copy a lock one holds"
+        )
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return "a torch.distributed process group is formed"
     optimizer = step.update.optimizer
@@ -182,10 +190,17 @@ def run_processes(run: Any, dataset: Any, count: int, setup: ProcessPassSetup) -
         "plan": plan.pieces(),
         "records": records.layout,
         "ordered": plan.order is not None,
+        "order_rows": 0 if plan.order is None else len(plan.order),
         "ticks": {name: pull_ticks(table) for name, table in tables.items()},
     }
+    # A shuffled store's order, in a memory file every process maps.
+    order_fd = None if plan.order is None else share_order(plan.order)
     try:
-        pool.start_pass(message, records.fd, run.stop, plan.order)
+        try:
+            pool.start_pass(message, records.fd, run.stop, order_fd)
+        finally:
+            if order_fd is not None:
+                os.close(order_fd)  # the processes hold their own descriptors
         with contextlib.suppress(PassStopped), _one_torch_thread_for_the_pass():
             run.work(TakenBatches(plan, pool.counter), main_thread=False)
         results = pool.results()  # a process's failure (it stopped this loop) raised here

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from datafeed.iterate.batcher import Batcher, BatchPlan
-from datafeed.records.shared_records import attach_store
+from datafeed.records.shared_records import attach_order, attach_store
 
 from ..job.errors import TrainerProcessError
 from ..ps.tables.shared_rows import SharedRowAdder, pull_ticks, set_pull_ticks, shared_array
@@ -121,11 +121,11 @@ class WorkerPool:
 
     def start_pass(
         self, message: dict, records_fd: int, stop: threading.Event,
-        order: np.ndarray | None = None,
+        order_fd: int | None = None,
     ) -> None:
         """Sends every process the pass (``message``, the records' memory file,
-        and the order of shuffled records, its raw int64 bytes); a thread
-        collects their results while this process trains."""
+        and the memory file of a shuffled store's order); a thread collects
+        their results while this process trains."""
         self.counter[0] = 0
         for adder in self.adders.values():
             adder.resume()
@@ -142,8 +142,8 @@ class WorkerPool:
         for pid, conn in self.processes.values():
             conn.send_bytes(body)
             reduction.send_handle(conn, records_fd, pid)
-            if order is not None:
-                conn.send_bytes(memoryview(order).cast("B"))
+            if order_fd is not None:
+                reduction.send_handle(conn, order_fd, pid)
 
     def results(self) -> list[dict]:
         """Each process's result of the pass, in process order (raises a
@@ -308,13 +308,12 @@ def _serve(number, conn, template, tables, pool, schema, parent) -> None:
             try:
                 message = json.loads(conn.recv_bytes())
                 fd = reduction.recv_handle(conn)
-                if message["ordered"]:
-                    message["order"] = np.frombuffer(conn.recv_bytes(), dtype=np.int64)
+                order_fd = reduction.recv_handle(conn) if message["ordered"] else None
             except EOFError:  # the pool is closed
                 status = 0
                 break
             try:
-                result = _train_pass(message, fd, template, tables, pool, schema)
+                result = _train_pass(message, fd, order_fd, template, tables, pool, schema)
             except BaseException as error:  # noqa: BLE001 - sent to the parent, which raises it
                 report = {
                     "type": type(error).__name__, "message": str(error),
@@ -332,13 +331,17 @@ def _serve(number, conn, template, tables, pool, schema, parent) -> None:
             os._exit(status)
 
 
-def _train_pass(message, fd, template, tables, pool, schema) -> dict:
-    """One pass of this process: the records mapped from ``fd``, the plan, the
-    hyperparameters and clocks of the message; its counters and timings."""
+def _train_pass(message, fd, order_fd, template, tables, pool, schema) -> dict:
+    """One pass of this process: the records mapped from ``fd`` in the order
+    mapped from ``order_fd`` (None: unshuffled), the plan, the hyperparameters
+    and clocks of the message; its counters and timings."""
     try:
-        store = attach_store(schema, fd, message["records"], message.get("order"))
-    finally:
-        os.close(fd)  # the mapping stays while the store lives (this pass)
+        order = None if order_fd is None else attach_order(order_fd, message["order_rows"])
+        store = attach_store(schema, fd, message["records"], order)
+    finally:  # the mappings stay while the store lives (this pass)
+        os.close(fd)
+        if order_fd is not None:
+            os.close(order_fd)
     batch_size, drop_last, input_type = message["batcher"]
     plan = BatchPlan.of_pieces(
         Batcher(schema, batch_size, drop_last, input_type), store.row_sources(),
