@@ -203,10 +203,9 @@ def build_report(
     ff_iter = med(ff, "iterate_records_per_s", 1e6)
     ff_peak, pd_peak = med(ff, "peak_over_resident"), med(pd, "peak_over_resident")
 
-    def spread(runs: list[dict[str, Any]]) -> float | None:
+    def spread(runs: list[dict[str, Any]], key: str = "shuffle_runs") -> float | None:
         """The widest slowest/fastest ratio of the shuffles of one run."""
-        spreads = [max(r["shuffle_runs"]) / min(r["shuffle_runs"])
-                   for r in runs if r.get("shuffle_runs")]
+        spreads = [max(r[key]) / min(r[key]) for r in runs if r.get(key) and min(r[key]) > 0]
         return max(spreads) if spreads else None
 
     load_x, kernel_x, mem_x, shuf_x = (
@@ -235,6 +234,8 @@ def build_report(
          verdict(shuf_x, lambda r: r >= 20)),
         ("local_shuffle: slowest / fastest of one run's, the widest run", fmt(ff_spread, ".2f"),
          fmt(pd_spread, ".2f"), "-", "<= 2", verdict(ff_spread, lambda r: r <= 2)),
+        ("the same in the shuffling thread's CPU time [4]",
+         fmt(spread(ff, "shuffle_cpu_runs"), ".2f"), "-", "-", "-", "-"),
         ("batch iteration after a shuffle (M records/s)", fmt(ff_iter, ".2f"), "n/a [1]", "-",
          ">= 4 M records/s", verdict(ff_iter, lambda r: r >= 4)),
         ("peak RSS in load + shuffles + epoch / RSS after load", fmt(ff_peak, ".3f"),
@@ -315,6 +316,11 @@ def build_report(
             f"generations 0/1/2 collected {collections[0] if collections else 'n/a'} "
             f"times in the first run, at most {max(collection_ms, default=0):.1f} ms "
             "in any run; the caller's objects are frozen during a load"
+        ),
+        (
+            "- [4] `time.thread_time()` around each shuffle: its own work, page faults "
+            "included, without the time other processes held the core (the wall-time "
+            "row above counts both)"
         ),
         (
             "- [3] `ChunkParser` alone on the same files read into memory first, "

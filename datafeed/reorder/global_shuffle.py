@@ -24,11 +24,12 @@ uncompressed record batch that passes Arrow's full validation (offsets in order
 and within bounds), and exactly the positions this rank expects from that peer
 in that round; a refusal is a ``GlobalShuffleError`` naming the peer. Records go
 in rounds of at least ``send_batch_size`` records per destination per sender and
-about ``ROUND_BYTES``, so the memory in flight stays bounded
-(``benchmarks/bench_global_shuffle.py``, 1M Criteo-layout records per worker, 2
-workers on a 2-core machine: 0.85-1.0 M records/s per worker, peak extra memory
-1.38x the worker's dataset; the checks add about 1 ms per 16 MB payload and
-0.04x of peak memory, within that machine's noise in throughput). Payloads
+about ``ROUND_BYTES``, so the memory in flight stays bounded; a sender releases
+its records round by round, and a receiver keeps what arrives where it lies,
+with the shuffled order (``RecordStore.order``), never copying it again
+(``benchmarks/bench_global_shuffle.py`` measures throughput and peak memory
+beside Paddle's; the checks add about 1 ms per 16 MB payload, within the
+noise of a 2-core machine's throughput). Payloads
 stay in host memory: over gloo, or over a gloo group made for the purpose when
 the default group is NCCL. Every collective is waited for with a timeout; a
 failure becomes a ``GlobalShuffleError`` that names this rank and, when the
