@@ -584,10 +584,10 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         store = self._require_store("iterating the dataset")
         if store.order is None:
             ranges = chunk_ranges(store.chunks, skip_rows=skip_rows)
-        else:  # shuffled: windows of rows gathered ahead, a thread per reader thread
+        else:  # shuffled: windows gathered ahead, one more gatherer than cores used
             window = -(-WINDOW_ROWS // self.batch_size) * self.batch_size
-            threads = min(self._reader_threads, len(os.sched_getaffinity(0)))
-            ranges = gathered_ranges(PermutedRows(store), skip_rows, window, threads)
+            cores = min(self._reader_threads, len(os.sched_getaffinity(0)))
+            ranges = gathered_ranges(PermutedRows(store), skip_rows, window, cores + 1)
         yield from batcher.batches(ranges, self._position, limit)
         self._position.end_pass()
 

@@ -127,15 +127,18 @@ def native_threads() -> int:
 def test_gathered_ranges_end_their_threads_however_the_pass_ends() -> None:
     store = two_chunk_store().reordered(np.arange(10)[::-1])
     before = native_threads()
-    ranges = gathered_ranges(PermutedRows(store), 2, 3, threads=2)
+    ranges = gathered_ranges(PermutedRows(store), 2, 3, gatherers=2)
     first = next(ranges)
     assert native_threads() == before + 2
     # rows 9, 8, ... skipping 2: rows 7, 6, 5, the second chunk's records 2, 1, 0
     assert first.chunk.rows == 3 and rows_of(first.chunk.columns[2]) == [[-13], [-12], [-11]]
     ranges.close()  # the consumer stopped early
     assert native_threads() == before
-    pieces = list(gathered_ranges(PermutedRows(store), 2, 3, threads=2))
+    pieces = list(gathered_ranges(PermutedRows(store), 2, 3, gatherers=2))
     assert [p.stop for p in pieces] == [3, 3, 2]
+    # the two gatherers took the windows in turn, and they come back in order
+    signed = [v for p in pieces for v in rows_of(p.chunk.columns[2])]
+    assert signed == [[-13], [-12], [-11], [-5], [-4], [-3], [-2], [-1]]
     assert native_threads() == before
 
 
@@ -152,7 +155,7 @@ def test_an_order_is_read_only_and_the_running_gather_threads_are_counted() -> N
     with pytest.raises(ValueError, match="read-only"):
         store.order[0] = 3
     assert gather_threads_running() == 0
-    ranges = gathered_ranges(PermutedRows(store), 0, 4, threads=2)
+    ranges = gathered_ranges(PermutedRows(store), 0, 4, gatherers=2)
     next(ranges)
     assert gather_threads_running() == 2  # a fork now would copy their locks
     ranges.close()
