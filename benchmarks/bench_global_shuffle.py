@@ -40,7 +40,8 @@ import torch.multiprocessing as mp
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # sibling scripts
-PADDLE_PYTHON = HERE.parent / ".venv-paddle30" / "bin" / "python"
+
+import results_file
 
 from datafeed import Slot
 from datafeed.config.slots import SlotSchema
@@ -48,6 +49,8 @@ from datafeed.records.columns import RecordChunk, SlotColumn
 from datafeed.records.memory import release_free_memory
 from datafeed.records.store import RecordStore
 from datafeed.reorder.global_shuffle import global_shuffle
+
+PADDLE_PYTHON = HERE.parent / ".venv-paddle30" / "bin" / "python"
 
 SCHEMA = SlotSchema(
     [Slot("dense_input", "float32", (13,))]
@@ -193,11 +196,15 @@ def main() -> None:
             f"`python benchmarks/bench_global_shuffle.py --records {args.records} "
             f"--workers {args.workers} --repeats {args.repeats}"
             + (" --paddle" if args.paddle else "")
-            + f"`: {args.repeats} run(s) per contender, alternating; 1-minute load "
-            f"average {loadavg:.2f} at the end. fleetfeed's records are built in memory; "
-            "Paddle 3.0.0's (1 server + 2 workers on its parameter server, "
-            "`thread_num=2`) are loaded from MultiSlot files first. Each row is one "
-            "worker of one run."
+            + f"` at commit {results_file.commit()} on "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: "
+            f"{args.repeats} run(s) per contender, alternating; 1-minute load "
+            f"average {loadavg:.2f} at the end. fleetfeed's records are built in memory"
+            + (
+                "; Paddle 3.0.0's (1 server + 2 workers on its parameter server, "
+                "`thread_num=2`) are loaded from MultiSlot files first" if args.paddle else ""
+            )
+            + ". Each row is one worker of one run."
         ),
         "",
         (
@@ -243,9 +250,7 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if not args.no_write:
-        from results_file import as_section, write_section
-
-        write_section("global_shuffle", as_section(report))
+        results_file.write_section("global_shuffle", results_file.as_section(report))
 
 
 if __name__ == "__main__":
