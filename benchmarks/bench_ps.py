@@ -27,6 +27,7 @@ Results go to benchmarks/results/ps.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -220,11 +222,12 @@ JOB_KEY = "bench-ps-job-key-0123456789abcdef"
 
 def run_job(
     mode: str, args: argparse.Namespace, files: list[Path], tmp: Path,
-    key: str | None = JOB_KEY, servers: int = 1,
+    key: str | None = JOB_KEY, servers: int = 1, delay: float | None = None,
 ) -> list[dict]:
     """One fleetfeed job (``servers`` servers + 2 workers of this script); the
     workers' results. ``key``: the job key (None: the transport's
-    unauthenticated NULL mechanism)."""
+    unauthenticated NULL mechanism). ``delay``: the workers reach the servers
+    through a relay adding that many seconds each way (tests/helpers/latency_relay.py)."""
     config = {
         "key": key,
         "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
@@ -234,23 +237,48 @@ def run_job(
         "dense_lr": args.dense_lr, "out": str(tmp / f"{mode}.result"),
         "profile": f"{args.profile}.{mode}" if args.profile else "",
     }
-    commands = []
-    roles = [("server", i) for i in range(servers)] + [("worker", 0), ("worker", 1)]
-    for role, index in roles:
-        # --profile: py-spy samples the server (its handlers run on the
-        # transport's threads, out of cProfile's reach).
-        spy = ["py-spy", "record", "-r", "250", "--nonblocking", "-f", "raw",
-               "-o", f"{args.profile}.server.{mode}.txt", "--"]
-        commands.append((f"{mode}.{role}{index}", (spy if args.profile and role == "server" else [])
-                         + [sys.executable, __file__, "--job",
-                            json.dumps({**config, "role": role, "index": index})]))
-    run_processes(commands, tmp, server_stops_itself=True, servers=servers)
+    with relayed(config["servers"], delay) as seen_by_workers:
+        commands = []
+        roles = [("server", i) for i in range(servers)] + [("worker", 0), ("worker", 1)]
+        for role, index in roles:
+            # --profile: py-spy samples the server (its handlers run on the
+            # transport's threads, out of cProfile's reach).
+            spy = ["py-spy", "record", "-r", "250", "--nonblocking", "-f", "raw",
+                   "-o", f"{args.profile}.server.{mode}.txt", "--"]
+            own = {**config, "role": role, "index": index}
+            if role == "worker":
+                own["servers"] = seen_by_workers
+            commands.append((f"{mode}.{role}{index}",
+                             (spy if args.profile and role == "server" else [])
+                             + [sys.executable, __file__, "--job", json.dumps(own)]))
+        run_processes(commands, tmp, server_stops_itself=True, servers=servers)
     return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
 
 
+# The bytes each relayed job's relay carried, in the order the jobs ran: shows
+# that the workers' traffic went through it.
+RELAYED_BYTES: list[int] = []
+
+
+@contextlib.contextmanager
+def relayed(servers: list[str], delay: float | None) -> Iterator[list[str]]:
+    """The server endpoints the workers are given: the servers' own, or with
+    ``delay``, those of a relay adding it each way, for the length of the job."""
+    if delay is None:
+        yield servers
+        return
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
+    from latency_relay import LatencyRelay
+
+    with LatencyRelay(servers, delay) as relay:
+        yield relay.endpoints
+    RELAYED_BYTES.append(relay.relayed_bytes)
+
+
 def run_paddle_job(mode: str, args: argparse.Namespace, files: list[Path], vocab: int,
-                   tmp: Path) -> list[dict]:
-    """The same job on Paddle's parameter server (benchmarks/paddle_ps.py)."""
+                   tmp: Path, delay: float | None = None) -> list[dict]:
+    """The same job on Paddle's parameter server (benchmarks/paddle_ps.py);
+    ``delay``: through a relay, as ``run_job``."""
     config = {
         "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
         "servers": [f"127.0.0.1:{free_port()}"],
@@ -262,12 +290,16 @@ def run_paddle_job(mode: str, args: argparse.Namespace, files: list[Path], vocab
         "out": str(tmp / f"paddle-{mode}.result"),
     }
     script = str(REPO / "benchmarks" / "paddle_ps.py")
-    commands = [
-        (f"paddle-{mode}.{role}{index}",
-         [args.paddle_python, script, json.dumps({**config, "role": role, "index": index})])
-        for role, index in (("server", 0), ("worker", 0), ("worker", 1))
-    ]
-    run_processes(commands, tmp, server_stops_itself=False)
+    with relayed(config["servers"], delay) as seen_by_workers:
+        commands = []
+        for role, index in (("server", 0), ("worker", 0), ("worker", 1)):
+            own = {**config, "role": role, "index": index}
+            if role == "worker":
+                own["servers"] = seen_by_workers  # a relay answers before its server
+                own["server_listening"] = config["servers"][0]
+            commands.append((f"paddle-{mode}.{role}{index}",
+                             [args.paddle_python, script, json.dumps(own)]))
+        run_processes(commands, tmp, server_stops_itself=False)
     return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
 
 

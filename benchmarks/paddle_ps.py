@@ -190,7 +190,8 @@ def main(config: dict) -> None:
     index = config["index"]
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(paddle.static.default_startup_program())
-    wait_for_port(config["servers"][0], 60)
+    # The server itself (a latency relay in between accepts before it listens).
+    wait_for_port(config.get("server_listening", config["servers"][0]), 60)
     fleet.init_worker()
 
     def load(files: list[str]):

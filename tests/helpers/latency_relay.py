@@ -29,6 +29,8 @@ import time
 from collections.abc import Sequence
 
 READ_BYTES = 1 << 16
+# How long a relayed connection waits for its target to listen.
+CONNECT_SECONDS = 60.0
 
 
 class _Direction:
@@ -147,25 +149,42 @@ class LatencyRelay:
                 client, _ = listener.accept()
             except OSError:  # closed
                 return
+            thread = threading.Thread(
+                target=self._connect, args=(client, target), name="relay-connect", daemon=True
+            )
+            with self._lock:
+                self._threads.append(thread)
+                self._sockets.append(client)
+            thread.start()
+
+    def _connect(self, client: socket.socket, target: tuple[str, int]) -> None:
+        """Connects ``client`` to ``target``, retrying while the target does not
+        listen yet (a process starting): the client sees a slow network, not a
+        connection that drops, which a real network would have refused."""
+        deadline = time.monotonic() + CONNECT_SECONDS
+        while True:
             try:
                 upstream = socket.create_connection(target, timeout=10)
                 upstream.settimeout(None)
+                break
             except OSError:
-                client.close()
-                continue
-            for sock in (client, upstream):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                if self._closed:
+                if self._closed or time.monotonic() > deadline:
                     client.close()
-                    upstream.close()
                     return
-                self.connections += 1
-                self._sockets += [client, upstream]
-                for direction in (_Direction(self, client, upstream),
-                                  _Direction(self, upstream, client)):
-                    self._threads += direction.threads
-                    direction.start()
+                time.sleep(0.05)
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            if self._closed:
+                client.close()
+                upstream.close()
+                return
+            self.connections += 1
+            self._sockets.append(upstream)
+            for direction in (_Direction(self, client, upstream),
+                              _Direction(self, upstream, client)):
+                self._threads += direction.threads
+                direction.start()
 
     def close(self) -> None:
         """Closes the listeners and every relayed connection; waits for the
@@ -179,7 +198,9 @@ class LatencyRelay:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        for thread in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(timeout=5)
 
 

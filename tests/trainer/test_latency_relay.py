@@ -115,6 +115,26 @@ def test_a_relay_leaves_no_thread_or_socket_behind(echo) -> None:
     assert len(os.listdir("/proc/self/fd")) <= fds
 
 
+def test_a_connection_waits_for_a_target_that_does_not_listen_yet() -> None:
+    """A client reaching the relay before its target listens sees a slow
+    network, not a connection that drops (a starting parameter server)."""
+    with socket.socket() as probe:  # a free port, listened on only later
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with LatencyRelay([f"127.0.0.1:{port}"], delay=0.0) as relay:
+        host, relay_port = relay.endpoints[0].rsplit(":", 1)
+        with socket.create_connection((host, int(relay_port)), timeout=10) as conn:
+            conn.sendall(b"early")
+            time.sleep(0.3)  # the target starts late
+            late = socket.create_server(("127.0.0.1", port))
+            with late:
+                served, _ = late.accept()
+                with served:
+                    assert served.recv(16) == b"early"
+                    served.sendall(b"answer")
+                    assert conn.recv(16) == b"answer"
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="delay must be >= 0"):
         LatencyRelay(["127.0.0.1:1"], delay=-1)

@@ -1,0 +1,138 @@
+"""The parameter server with latency between workers and servers (issue 28).
+
+bench_ps.py's job (1 server + 2 workers, wide&deep on Criteo-layout records)
+with the workers reaching the server through a userspace relay that adds a
+chosen one-way delay (tests/helpers/latency_relay.py: the kernel here has no
+netem). Every run goes through a relay, the baseline with 0 added delay, so
+that the relay's own cost cancels out of each contender's ratio. With
+``--paddle``, Paddle 3.0.0's parameter server (paddle_ps.py) runs the same
+job through the same relays, as the anchor. Runs alternate: within each
+repeat and mode, every delay and contender in turn, the order reversed on odd
+repeats.
+
+Prints and writes ``benchmarks/results/ps_latency.md`` (``--no-write``: print
+only): per mode, contender and delay, records/s per worker (median over the
+runs and both workers), the ratio to the contender's own rate at 0 added
+delay, and the held-out AUC.
+
+    python benchmarks/bench_ps_latency.py --delays-ms 0 1 --modes async geo --repeats 2 --paddle
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import results_file
+from bench_ps import (
+    PADDLE_PYTHON,
+    RELAYED_BYTES,
+    default_job_args,
+    ensure_data,
+    paddle_data,
+    run_job,
+    run_paddle_job,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results" / "ps_latency.md"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--delays-ms", type=float, nargs="+", default=[0.0, 1.0],
+                        help="one-way delays added by the relay, in milliseconds")
+    parser.add_argument("--modes", nargs="+", default=["async", "geo"],
+                        choices=["async", "geo", "sync"])
+    parser.add_argument("--records", type=int, default=20_000, help="records per worker")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--paddle", action="store_true", help="Paddle 3.0.0's PS alongside")
+    parser.add_argument("--paddle-python", default=str(PADDLE_PYTHON))
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    if 0.0 not in args.delays_ms:
+        parser.error("--delays-ms needs 0: every ratio is to the rate at 0 added delay")
+    if args.paddle and not Path(args.paddle_python).exists():
+        parser.error(f"--paddle needs Paddle 3.0.0's interpreter at {args.paddle_python} "
+                     "(make bench-paddle-ps builds it)")
+    job = default_job_args(records=args.records, epochs=args.epochs,
+                           paddle_python=args.paddle_python)
+    load_before = results_file.load_average()
+    files = ensure_data(args.records)
+    paddle_files, vocab = paddle_data(files) if args.paddle else ([], 0)
+    contenders = ["fleetfeed"] + (["paddle"] if args.paddle else [])
+    runs: dict[tuple[str, str, float], list[list[dict]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_ps_latency-") as tmp:
+        for repeat in range(args.repeats):
+            for mode in args.modes:
+                turns = [(who, delay) for delay in args.delays_ms for who in contenders]
+                if repeat % 2:
+                    turns.reverse()
+                for who, delay in turns:
+                    job_dir = Path(tmp) / f"{who}-{mode}-{delay}-{repeat}"
+                    job_dir.mkdir()
+                    seconds = delay / 1000
+                    workers = (
+                        run_job(mode, job, files, job_dir, delay=seconds) if who == "fleetfeed"
+                        else run_paddle_job(mode, job, paddle_files, vocab, job_dir,
+                                            delay=seconds)
+                    )
+                    workers[0]["relayed_bytes"] = RELAYED_BYTES[-1]
+                    runs.setdefault((who, mode, delay), []).append(workers)
+                    rates = ", ".join(f"{w['records'] / w['seconds']:,.0f}" for w in workers)
+                    print(f"{who} {mode} +{delay:g} ms: {rates} records/s per worker, "
+                          f"AUC {workers[0]['auc']:.4f}", flush=True)
+    table = results_table(args, contenders, runs)
+    print(table)
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(
+            "# Parameter server with latency: 1 server + 2 workers through a relay\n\n"
+            f"bench_ps.py's job (wide&deep, {args.records:,} Criteo-layout records per worker "
+            f"x {args.epochs} epochs, batch {job.batch_size}), the workers reaching the "
+            "server through tests/helpers/latency_relay.py with the added one-way delay "
+            "given (0: the relay alone), medians over "
+            f"{args.repeats} run(s) x 2 workers, alternating, `{results_file.command()}` at "
+            f"{results_file.commit()}, 1-minute load average {load_before:.2f} before the "
+            "runs. The machine's 2 cores are shared by the 3 processes, the relay's "
+            "threads and anything else running."
+            + (" Paddle: paddlepaddle 3.0.0, `benchmarks/paddle_ps.py` (see results/ps.md)."
+               if args.paddle else "")
+            + "\n\n" + table
+        )
+
+
+def results_table(
+    args: argparse.Namespace, contenders: list[str],
+    runs: dict[tuple[str, str, float], list[list[dict]]],
+) -> str:
+    lines = [
+        "| mode | contender | added one-way delay (ms) | records/s per worker "
+        "| x its rate at 0 ms | AUC | MB through the relay per run |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for mode in args.modes:
+        for who in contenders:
+            base = rate(runs[(who, mode, 0.0)])
+            for delay in args.delays_ms:
+                these = runs[(who, mode, delay)]
+                auc = statistics.median(run[0]["auc"] for run in these)
+                relayed = statistics.median(run[0]["relayed_bytes"] for run in these) / 1e6
+                lines.append(
+                    f"| {mode} | {'Paddle 3.0.0' if who == 'paddle' else who} | {delay:g} "
+                    f"| {rate(these):,.0f} | {rate(these) / base:.2f}x | {auc:.4f} "
+                    f"| {relayed:,.1f} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def rate(runs: list[list[dict]]) -> float:
+    """Records/s per worker: the median over every worker of every run."""
+    return statistics.median(w["records"] / w["seconds"] for run in runs for w in run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
