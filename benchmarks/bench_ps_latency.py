@@ -1,7 +1,9 @@
 """The parameter server with latency between workers and servers (issue 28).
 
-bench_ps.py's job (1 server + 2 workers, wide&deep on Criteo-layout records)
-with the workers reaching the server through a userspace relay that adds a
+A 1 server + 2 workers job (``--model wide_deep``: bench_ps.py's wide&deep on
+Criteo-layout records, batch 512; ``--model small_ctr``: bench_small_ctr.py's
+small CTR model, batch 256, whose steps are the shortest) with the workers
+reaching the server through a userspace relay that adds a
 chosen one-way delay (tests/helpers/latency_relay.py: the kernel here has no
 netem). Every run goes through a relay, the baseline with 0 added delay, so
 that the relay's own cost cancels out of each contender's ratio. With
@@ -16,6 +18,7 @@ runs and both workers), the ratio to the contender's own rate at 0 added
 delay, and the held-out AUC.
 
     python benchmarks/bench_ps_latency.py --delays-ms 0 1 --modes async geo --repeats 2 --paddle
+    python benchmarks/bench_ps_latency.py --model small_ctr --repeats 2 --paddle
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from bench_ps import (
     run_paddle_job,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results" / "ps_latency.md"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def main() -> None:
@@ -46,7 +49,9 @@ def main() -> None:
                         help="one-way delays added by the relay, in milliseconds")
     parser.add_argument("--modes", nargs="+", default=["async", "geo"],
                         choices=["async", "geo", "sync"])
-    parser.add_argument("--records", type=int, default=20_000, help="records per worker")
+    parser.add_argument("--model", choices=["wide_deep", "small_ctr"], default="wide_deep")
+    parser.add_argument("--records", type=int, default=20_000,
+                        help="wide_deep: records per worker; small_ctr: lines per file (4 files)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--paddle", action="store_true", help="Paddle 3.0.0's PS alongside")
@@ -61,8 +66,7 @@ def main() -> None:
     job = default_job_args(records=args.records, epochs=args.epochs,
                            paddle_python=args.paddle_python)
     load_before = results_file.load_average()
-    files = ensure_data(args.records)
-    paddle_files, vocab = paddle_data(files) if args.paddle else ([], 0)
+    run = job_runner(args, job)
     contenders = ["fleetfeed"] + (["paddle"] if args.paddle else [])
     runs: dict[tuple[str, str, float], list[list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_ps_latency-") as tmp:
@@ -74,12 +78,7 @@ def main() -> None:
                 for who, delay in turns:
                     job_dir = Path(tmp) / f"{who}-{mode}-{delay}-{repeat}"
                     job_dir.mkdir()
-                    seconds = delay / 1000
-                    workers = (
-                        run_job(mode, job, files, job_dir, delay=seconds) if who == "fleetfeed"
-                        else run_paddle_job(mode, job, paddle_files, vocab, job_dir,
-                                            delay=seconds)
-                    )
+                    workers = run(who, mode, delay / 1000, job_dir)
                     workers[0]["relayed_bytes"] = RELAYED_BYTES[-1]
                     runs.setdefault((who, mode, delay), []).append(workers)
                     rates = ", ".join(f"{w['records'] / w['seconds']:,.0f}" for w in workers)
@@ -88,11 +87,17 @@ def main() -> None:
     table = results_table(args, contenders, runs)
     print(table)
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(
-            "# Parameter server with latency: 1 server + 2 workers through a relay\n\n"
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        name = "ps_latency" if args.model == "wide_deep" else "ps_latency_small_ctr"
+        what = (
             f"bench_ps.py's job (wide&deep, {args.records:,} Criteo-layout records per worker "
-            f"x {args.epochs} epochs, batch {job.batch_size}), the workers reaching the "
+            f"x {args.epochs} epochs, batch {job.batch_size})" if args.model == "wide_deep"
+            else f"bench_small_ctr.py's PS job (the small CTR model, 4 files x {args.records:,} "
+            f"lines, 2 per worker, x {args.epochs} epochs, batch 256)"
+        )
+        (RESULTS_DIR / f"{name}.md").write_text(
+            "# Parameter server with latency: 1 server + 2 workers through a relay\n\n"
+            f"{what}, the workers reaching the "
             "server through tests/helpers/latency_relay.py with the added one-way delay "
             "given (0: the relay alone), medians over "
             f"{args.repeats} run(s) x 2 workers, alternating, `{results_file.command()}` at "
@@ -103,6 +108,36 @@ def main() -> None:
                if args.paddle else "")
             + "\n\n" + table
         )
+
+
+def job_runner(args: argparse.Namespace, job: argparse.Namespace):
+    """``run(who, mode, delay seconds, directory)`` -> the workers' results, for
+    the model of ``args``."""
+    if args.model == "wide_deep":
+        files = ensure_data(args.records)
+        paddle_files, vocab = paddle_data(files) if args.paddle else ([], 0)
+
+        def run(who: str, mode: str, delay: float, directory: Path) -> list[dict]:
+            if who == "fleetfeed":
+                return run_job(mode, job, files, directory, delay=delay)
+            return run_paddle_job(mode, job, paddle_files, vocab, directory, delay=delay)
+
+        return run
+    import bench_small_ctr
+    import make_small_ctr
+
+    options = bench_small_ctr.parser_of_options().parse_args(
+        ["--lines", str(args.records), "--epochs", str(args.epochs),
+         "--paddle-ps", args.paddle_python]
+    )
+    data = (bench_small_ctr.DATA if args.records == 20000
+            else bench_small_ctr.DATA.parent / f"small_ctr-{args.records}")
+    files, held = make_small_ctr.write(data, args.records, 4)
+
+    def run_small(who: str, mode: str, delay: float, directory: Path) -> list[dict]:
+        return bench_small_ctr.run_ps(who, mode, options, files, held, directory, delay)["workers"]
+
+    return run_small
 
 
 def results_table(

@@ -309,9 +309,11 @@ def check_records(run: str, records: int, args: argparse.Namespace) -> None:
 
 
 def run_ps(who: str, mode: str, args: argparse.Namespace, files: list[Path], held: Path,
-           tmp: Path) -> dict:
+           tmp: Path, delay: float | None = None) -> dict:
     """One 1 server + 2 workers job of ``who``; the job's figures (records/s over
-    both workers, worker 0's AUC, each worker's figures)."""
+    both workers, worker 0's AUC, each worker's figures). ``delay``: the
+    workers reach the server through a relay adding that many seconds each way
+    (``bench_ps.relayed``)."""
     config = {
         "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
         "servers": [f"127.0.0.1:{bench_ps.free_port()}"],
@@ -320,22 +322,29 @@ def run_ps(who: str, mode: str, args: argparse.Namespace, files: list[Path], hel
         "lr": 0.1, "init_scale": 0.01, "out": str(tmp / f"{who}-{mode}.result"),
     }
     roles = (("server", 0), ("worker", 0), ("worker", 1))
-    if who == "fleetfeed":
-        config["key"] = bench_ps.JOB_KEY  # what fleetrun gives a job
-        commands = [(f"{mode}.{r}{i}", [sys.executable, __file__, "--job",
-                                        json.dumps({**config, "role": r, "index": i})])
-                    for r, i in roles]
-        bench_ps.run_processes(commands, tmp, server_stops_itself=True)
-    else:
-        config.update({
-            "worker_endpoints": [f"127.0.0.1:{bench_ps.free_port()}" for _ in range(2)],
-            "dense_lr": args.paddle_dense_lr, "paddle_sparse_lr": args.paddle_sparse_lr,
-            "paddle_initial_g2sum": args.paddle_initial_g2sum,
-        })
-        commands = [(f"paddle-{mode}.{r}{i}", [args.paddle_ps, str(PADDLE_SCRIPT),
-                                               json.dumps({**config, "role": r, "index": i})])
-                    for r, i in roles]
-        bench_ps.run_processes(commands, tmp, server_stops_itself=False)
+    with bench_ps.relayed(config["servers"], delay) as seen_by_workers:
+
+        def own(role: str, index: int) -> str:
+            mine = {**config, "role": role, "index": index}
+            if role == "worker":
+                mine["servers"] = seen_by_workers  # a relay answers before its server
+                mine["server_listening"] = config["servers"][0]
+            return json.dumps(mine)
+
+        if who == "fleetfeed":
+            config["key"] = bench_ps.JOB_KEY  # what fleetrun gives a job
+            commands = [(f"{mode}.{r}{i}", [sys.executable, __file__, "--job", own(r, i)])
+                        for r, i in roles]
+            bench_ps.run_processes(commands, tmp, server_stops_itself=True)
+        else:
+            config.update({
+                "worker_endpoints": [f"127.0.0.1:{bench_ps.free_port()}" for _ in range(2)],
+                "dense_lr": args.paddle_dense_lr, "paddle_sparse_lr": args.paddle_sparse_lr,
+                "paddle_initial_g2sum": args.paddle_initial_g2sum,
+            })
+            commands = [(f"paddle-{mode}.{r}{i}", [args.paddle_ps, str(PADDLE_SCRIPT), own(r, i)])
+                        for r, i in roles]
+            bench_ps.run_processes(commands, tmp, server_stops_itself=False)
     workers = [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
     check_records(f"{who} PS {mode}", sum(w["records"] for w in workers), args)
     out = {
@@ -573,8 +582,8 @@ METHOD_NOTES = [
 ]
 
 
-def main() -> None:
-    """Command line: see the module's docstring."""
+def parser_of_options() -> argparse.ArgumentParser:
+    """The command line's options (their defaults serve other benchmarks too)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
@@ -595,6 +604,12 @@ def main() -> None:
     parser.add_argument("--paddle-dense-lr", type=float, default=0.03,
                         help="Paddle PS's dense Adam lr")
     parser.add_argument("--no-write", action="store_true")
+    return parser
+
+
+def main() -> None:
+    """Command line: see the module's docstring."""
+    parser = parser_of_options()
     args = parser.parse_args()
     if args.child:
         print(json.dumps(local_child(json.loads(args.child))), flush=True)

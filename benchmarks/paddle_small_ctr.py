@@ -209,7 +209,8 @@ def run_ps(config: dict) -> None:
     index = config["index"]
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(paddle.static.default_startup_program())
-    wait_for_port(config["servers"][0], 60)
+    # The server itself (a latency relay in between accepts before it listens).
+    wait_for_port(config.get("server_listening", config["servers"][0]), 60)
     fleet.init_worker()
     main_program = paddle.static.default_main_program()
     dataset = load(paddle, inputs, config["worker_files"][index], config["batch_size"], 1)
