@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # sibling scripts
 
 import results_file
+from process_memory import read_status_kb
 
 from datafeed import Slot
 from datafeed.config.slots import SlotSchema
@@ -72,15 +73,6 @@ def make_store(rank: int, records: int, chunk_rows: int = 8192) -> RecordStore:
         columns.append(SlotColumn(rng.integers(0, 2, n, dtype=np.int64), None, 1))
         chunks.append(RecordChunk(tuple(columns), n))
     return RecordStore(SCHEMA, chunks)
-
-
-def read_status_kb(field: str) -> int:
-    """One ``kB`` field of /proc/self/status (``VmRSS``, ``VmHWM``) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field} field (not Linux?)")
 
 
 def worker(rank: int, world: int, port: int, records: int, queue: mp.Queue) -> None:

@@ -73,12 +73,15 @@ def load_text(lines: int) -> bytes:
     return path.read_bytes()
 
 
-def parse_all(data: memoryview, source: str, schema: SlotSchema = SCHEMA) -> int:
-    """Parses ``data`` as datafeed.source.readers does; returns the records parsed."""
+def parse_all(
+    data: memoryview, source: str, schema: SlotSchema = SCHEMA, feed_bytes: int = FEED_BYTES
+) -> int:
+    """Parses ``data`` ``feed_bytes`` at a time, a chunk taken (and dropped)
+    after each feed; returns the records parsed."""
     parser = ChunkParser(schema, source)
     start = 0
     while start < len(data):
-        end = min(start + FEED_BYTES, len(data))
+        end = min(start + feed_bytes, len(data))
         consumed = parser.feed(data[start:end])
         if consumed == 0 and end == len(data):
             break

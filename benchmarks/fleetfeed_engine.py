@@ -39,12 +39,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from bench_parse import FEED_BYTES, parse_all  # sibling scripts
+from process_memory import read_status_kb, reset_peak
 
 from datafeed import InMemoryDataset, Slot, SlotSchema
-from datafeed.parse.parsing import ChunkParser
 
 SHUFFLES = 5  # local_shuffle runs per process: the issue's stability measure
-KERNEL_FEED_BYTES = 4 << 20  # bench_parse.py's feeds
+KERNEL_FEED_BYTES = FEED_BYTES  # bench_parse.py's feeds
 KERNEL_SMALL_FEED_BYTES = 256 << 10  # the kernel's fastest feeds
 
 
@@ -56,22 +57,6 @@ def cpu_seconds() -> float:
     """
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
-
-
-def read_status_kb(field: str) -> int:
-    """One ``kB`` field of /proc/self/status (``VmRSS``, ``VmHWM``) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field} field (not Linux?)")
-
-
-def reset_peak() -> None:
-    """Sets VmHWM back to the current resident size, so that the next reading
-    is the peak of what runs in between (Linux 4.0+)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 class CollectionClock:
@@ -262,24 +247,6 @@ def measure(paths: list[str], batch_size: int, thread_num: int) -> dict[str, Any
     }
 
 
-def parse_all(schema: SlotSchema, data: bytes, feed_bytes: int) -> int:
-    """Parses ``data`` as bench_parse.py does (``feed_bytes`` at a time, a
-    chunk taken after each feed and dropped); returns the records parsed."""
-    view = memoryview(data)
-    parser = ChunkParser(schema, "kernel")
-    start = 0
-    while start < len(view):
-        end = min(start + feed_bytes, len(view))
-        consumed = parser.feed(view[start:end])
-        if consumed == 0 and end == len(view):
-            break
-        start += consumed
-        parser.take_chunk()
-    parser.feed_final(view[start:])
-    parser.take_chunk()
-    return parser.records
-
-
 def measure_kernel(paths: list[str], thread_num: int) -> dict[str, Any]:
     """The parser kernel alone on ``paths``, read into memory first."""
     schema = SlotSchema(criteo_use_var())
@@ -293,7 +260,7 @@ def measure_kernel(paths: list[str], thread_num: int) -> dict[str, Any]:
 
         def work(k: int) -> None:
             for text in texts[k::thread_num]:
-                counts[k] += parse_all(schema, text, feed_bytes)
+                counts[k] += parse_all(memoryview(text), "kernel", schema, feed_bytes)
 
         workers = [threading.Thread(target=work, args=(k,)) for k in range(thread_num)]
         t0 = time.perf_counter()

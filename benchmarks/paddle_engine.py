@@ -25,6 +25,8 @@ import tempfile
 import time
 from typing import Any
 
+from process_memory import read_status_kb, reset_peak  # a sibling script
+
 
 def cpu_seconds() -> float:
     """User + system CPU time of this process's threads and its waited-for children.
@@ -37,21 +39,6 @@ def cpu_seconds() -> float:
 
 
 SHUFFLES = 5  # local_shuffle runs per process, as fleetfeed_engine.py
-
-
-def reset_peak() -> None:
-    """Sets VmHWM back to the current resident size (Linux 4.0+)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def read_status_kb(field: str) -> int:
-    """One ``kB`` field of /proc/self/status (``VmRSS``, ``VmHWM``) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field} field (not Linux?)")
 
 
 def measure(

@@ -27,16 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paddle_ps import set_role_environment, wait_for_files, wait_for_port  # a sibling script
-
-
-def read_status_kb(field: str) -> int:
-    """One ``kB`` field of /proc/self/status (``VmRSS``, ``VmHWM``) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field} field (not Linux?)")
+from paddle_ps import set_role_environment, wait_for_files, wait_for_port  # sibling scripts
+from process_memory import read_status_kb
 
 
 def main(config: dict) -> None:
