@@ -594,6 +594,8 @@ def test_a_caller_that_froze_its_objects_keeps_them_frozen(small_files: list[str
         ds.init(batch_size=4, use_var=SMALL_SCHEMA)
         ds.set_filelist(small_files)
         ds.load_into_memory()
-        assert gc.get_freeze_count() == frozen
+        # Still frozen: an unfreeze would empty the permanent generation. (Frozen
+        # objects can still die by reference count, so the count may fall.)
+        assert 0 < gc.get_freeze_count() <= frozen and gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
