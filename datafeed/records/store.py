@@ -10,7 +10,7 @@ where one is needed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import overload
 
@@ -88,25 +88,26 @@ class RecordStore:
             )
         return RecordStore(self.schema, self.chunks, self.chunk_rows(permutation))
 
-    def in_chunk_order(self) -> RecordStore:
-        """The same chunks without the order (the rows as loaded or received)."""
-        return self if self.order is None else RecordStore(self.schema, self.chunks)
-
     def row_sources(self) -> list[RecordChunk | PermutedRows]:
         """What batches are cut from, in the store's order: the chunks
         themselves, or the one ``PermutedRows`` of a store with an order."""
         return list(self.chunks) if self.order is None else [PermutedRows(self)]
 
-    def column_in_order(self, index: int) -> SlotColumn:
-        """Column ``index`` of every record, in the store's order, as one column
-        (the chunks' own when there is one and no order; else a new one)."""
-        parts = [c.columns[index] for c in self.chunks]
-        if self.order is None and len(parts) == 1:
-            return parts[0]
-        if not parts:
-            raise ValueError("column_in_order of a store without records")
-        chunk_of, row_of = self._sources(self.chunk_rows(np.arange(self.rows)))
-        return gather_column(parts, chunk_of, row_of)
+    def columns_in_order(self, indices: Sequence[int]) -> Iterator[SlotColumn]:
+        """Columns ``indices`` of every record in the store's order, one at a
+        time (the chunks' own when there is one chunk and no order; else new
+        ones): a reader of one at a time holds one copy at most."""
+        if not self.chunks:
+            raise ValueError("columns_in_order of a store without records")
+        sources = None  # each row's chunk and row in it, found once
+        for index in indices:
+            parts = [c.columns[index] for c in self.chunks]
+            if self.order is None and len(parts) == 1:
+                yield parts[0]
+                continue
+            if sources is None:
+                sources = self._sources(self.chunk_rows(np.arange(self.rows)))
+            yield gather_column(parts, *sources)
 
     def copy_pieces(self) -> Sequence[RecordChunk]:
         """The records in the store's order as chunks: the chunks themselves, or
@@ -225,41 +226,30 @@ class PermutedRows:
             raise ValueError("PermutedRows of a store without an order: use its chunks")
         self.rows = len(store.order)
         self._order = store.order
-        self._columns = len(store.schema)
-        self._gather = _shuffle.RowGather(store.chunks, self._columns)
-
-    @property
-    def column_count(self) -> int:
-        return self._columns
+        self._gather = _shuffle.RowGather(store.chunks, len(store.schema))
 
     @property
     def order(self) -> np.ndarray:
         """The store's order: its row ``i`` is the chunks' row ``order[i]``."""
         return self._order
 
-    def columns(
-        self, start: int, stop: int, first: int = 0, last: int = -1
-    ) -> list[tuple[np.ndarray, np.ndarray | None, int]]:
-        """Rows ``start:stop`` of columns ``first:last`` (all by default), as
-        ``(values, offsets or None, width)`` per column: new arrays, gathered
-        without the GIL, so that several threads can each gather some columns."""
-        return self._gather.gather(self._order[start:stop], first, last)
-
     def window(self, start: int, stop: int) -> RecordChunk:
-        """Rows ``start:stop`` as a new chunk."""
-        return chunk_of_columns(self.columns(start, stop), stop - start)
+        """Rows ``start:stop`` as a new chunk, gathered without the GIL."""
+        return chunk_of_columns(self._gather.gather(self._order[start:stop]), stop - start)
 
     def gather_ahead(self, threads: int) -> _shuffle.GatherAhead:
         """A gatherer of these rows on ``threads`` native threads: its
         ``submit(order[start:stop])`` starts one, its ``result()`` gives the
-        columns as ``columns`` does; ``close()`` it."""
+        rows' ``(values, offsets or None, width)`` per column (for
+        ``chunk_of_columns``); ``close()`` it."""
         return _shuffle.GatherAhead(self._gather, threads)
 
 
 def chunk_of_columns(
     columns: list[tuple[np.ndarray, np.ndarray | None, int]], rows: int
 ) -> RecordChunk:
-    """A chunk of ``rows`` records from ``PermutedRows.columns`` triples."""
+    """A chunk of ``rows`` records from the ``(values, offsets or None,
+    width)`` triples a gather gives."""
     return RecordChunk(
         tuple(SlotColumn(values, offsets, width) for values, offsets, width in columns), rows
     )

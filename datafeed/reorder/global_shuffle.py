@@ -286,26 +286,23 @@ def _shuffle(
     allowance = PeerAllowance(len(schema), nbytes.tolist())
     received: list[RecordChunk] = []
     received_positions: list[np.ndarray] = []
-    # Records in chunk order go chunk by chunk, each released once sent; a
-    # store with an order (shuffled before) is gathered round by round from
-    # chunks that stay whole until the last round.
-    sent_order = store.order
-    in_chunks = store.in_chunk_order()
-    pending = list(store.chunks)
+    # Records in chunk order go chunk by chunk, each released once sent;
+    # records shuffled before (an order) are gathered round by round from a
+    # store that holds their chunks until the last round.
+    shuffled_before = None if store.order is None else RecordStore(
+        schema, store.chunks, store.order
+    )
+    pending = list(store.chunks) if shuffled_before is None else []
     store.clear()  # the chunks now live in ``pending`` only, and go as they are sent
-    if sent_order is None:
-        del in_chunks
-    else:
-        pending = []
     for index in range(rounds):
         begin = min(index * per_round, local)
         end = min(begin + per_round, local)
-        if sent_order is None:
+        if shuffled_before is None:
             part, pending = _take_rows(pending, end - begin)
             source, rows = RecordStore(schema, part), np.arange(end - begin)
             del part
         else:
-            source, rows = in_chunks, sent_order[begin:end]
+            source, rows = shuffled_before, np.arange(begin, end)
         payloads = _encode_round(
             schema,
             source,
@@ -335,8 +332,7 @@ def _shuffle(
             received_positions.append(pos)
         del payloads, arrivals
         release_free_memory()  # the records sent: glibc keeps freed heap pages
-    if sent_order is not None:
-        del in_chunks, sent_order
+    shuffled_before = None
     # 4. Exactly the expected positions arrived; order them (the local shuffle).
     arrived = (
         np.concatenate(received_positions)

@@ -111,7 +111,9 @@ def merge_by_ins_id(
         return store, MergeCounts(0, 0, 0, 0)
     # Read a column at a time in the store's order (a copy of one column at
     # most): the records themselves are gathered once, into the merged store.
-    ids = _ids(store.column_in_order(schema.index(INS_ID)))
+    slots = schema.slots_only
+    columns = store.columns_in_order([schema.index(INS_ID), *range(len(slots))])
+    ids = _ids(next(columns))
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
     starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
@@ -125,13 +127,12 @@ def merge_by_ins_id(
             "merge_size=%d (e.g. instance id %r, %d records)",
             dropped_size, merge_size, _text(ids[starts[group]]), int(sizes[group]),
         )
-    slots = schema.slots_only
     position = np.arange(rows)
     conflict = np.zeros(len(starts), dtype=bool)
     conflict_slot = np.full(len(starts), -1)
     sources: list[np.ndarray] = []  # per slot: the sorted position of its source record
     for index, slot in enumerate(slots):
-        held = _has_values(store.column_in_order(index), slot)[order]
+        held = _has_values(next(columns), slot)[order]
         # The last record of each group that holds values, else the group's first.
         last = np.maximum.reduceat(np.where(held, position, -1), starts)
         sources.append(np.where(last >= 0, last, starts))

@@ -497,28 +497,27 @@ def test_threads_serve_what_processes_cannot(ctr_files, caplog):
     assert summary.hogwild == "threads"
     assert "has an entry or a row budget: Hogwild threads instead of processes" in caplog.text
 
-    # tqdm's monitor thread (a progress bar left open) does not count.
-    from tqdm import tqdm
-
-    with open(os.devnull, "w") as quiet, tqdm(total=1, file=quiet, mininterval=0.01):
+    def plain_hogwild_pass():
+        """A model and dataset that processes serve: what else runs decides."""
         plain = CtrModel()
-        summary = Executor().train_from_dataset(
+        return Executor().train_from_dataset(
             plain, dataset(ctr_files[0]),
             local_optimizer(plain, torch.optim.Adagrad(plain.parameters(), lr=0.1)),
             thread=2, hogwild=True, fetch_list=[],
         )
+
+    # tqdm's monitor thread (a progress bar left open) does not count.
+    from tqdm import tqdm
+
+    with open(os.devnull, "w") as quiet, tqdm(total=1, file=quiet, mininterval=0.01):
+        summary = plain_hogwild_pass()
     assert summary.hogwild == "processes"
 
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, name="someone-elses")
     other.start()
     try:
-        plain = CtrModel()
-        summary = Executor().train_from_dataset(
-            plain, dataset(ctr_files[0]),
-            local_optimizer(plain, torch.optim.Adagrad(plain.parameters(), lr=0.1)),
-            thread=2, hogwild=True, fetch_list=[],
-        )
+        summary = plain_hogwild_pass()
     finally:
         stop.set()
         other.join()
@@ -530,13 +529,8 @@ def test_threads_serve_what_processes_cannot(ctr_files, caplog):
     batches = iter(paused)
     next(batches)
     try:
-        plain = CtrModel()
         with caplog.at_level("INFO", logger="trainer.executor"):
-            summary = Executor().train_from_dataset(
-                plain, dataset(ctr_files[0]),
-                local_optimizer(plain, torch.optim.Adagrad(plain.parameters(), lr=0.1)),
-                thread=2, hogwild=True, fetch_list=[],
-            )
+            summary = plain_hogwild_pass()
     finally:
         batches.close()
     assert summary.hogwild == "threads"
