@@ -12,10 +12,18 @@ job through the same relays, as the anchor. Runs alternate: within each
 repeat and mode, every delay and contender in turn, the order reversed on odd
 repeats.
 
-Prints and writes ``benchmarks/results/ps_latency.md`` (``--no-write``: print
-only): per mode, contender and delay, records/s per worker (median over the
-runs and both workers), the ratio to the contender's own rate at 0 added
-delay, and the held-out AUC.
+The small CTR model trains through ``train_from_dataset``, whose async
+workers send their pulls ahead (trainer/embedding/ahead.py); a third
+contender, ``pull_ahead=0``, runs the same job with each forward waiting for
+its pull, as before issue 28. The wide&deep job trains in a loop of its own
+(bench_ps.py), which sends nothing ahead.
+
+Prints and writes ``benchmarks/results/ps_latency.md`` (``--model
+small_ctr``: ``ps_latency_small_ctr.md``; ``--no-write``: print only): per
+mode, contender and delay, records/s per worker (median over the runs and
+both workers), the ratio to the contender's own rate at 0 added delay and to
+Paddle's at the same delay, the held-out AUC and its change from 0 added
+delay, and the batches the workers' pulls went ahead.
 
     python benchmarks/bench_ps_latency.py --delays-ms 0 1 --modes async geo --repeats 2 --paddle
     python benchmarks/bench_ps_latency.py --model small_ctr --repeats 2 --paddle
@@ -67,12 +75,14 @@ def main() -> None:
                            paddle_python=args.paddle_python)
     load_before = results_file.load_average()
     run = job_runner(args, job)
-    contenders = ["fleetfeed"] + (["paddle"] if args.paddle else [])
+    contenders = ["fleetfeed"] + (["fleetfeed-pull-in-forward"] if args.model == "small_ctr"
+                                  else []) + (["paddle"] if args.paddle else [])
     runs: dict[tuple[str, str, float], list[list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_ps_latency-") as tmp:
         for repeat in range(args.repeats):
             for mode in args.modes:
-                turns = [(who, delay) for delay in args.delays_ms for who in contenders]
+                turns = [(who, delay) for delay in args.delays_ms for who in contenders
+                         if mode == "async" or who != "fleetfeed-pull-in-forward"]
                 if repeat % 2:
                     turns.reverse()
                 for who, delay in turns:
@@ -83,7 +93,8 @@ def main() -> None:
                     runs.setdefault((who, mode, delay), []).append(workers)
                     rates = ", ".join(f"{w['records'] / w['seconds']:,.0f}" for w in workers)
                     print(f"{who} {mode} +{delay:g} ms: {rates} records/s per worker, "
-                          f"AUC {workers[0]['auc']:.4f}", flush=True)
+                          f"AUC {workers[0]['auc']:.4f}, batches ahead "
+                          f"{', '.join(str(depth(w)) for w in workers)}", flush=True)
     table = results_table(args, contenders, runs)
     print(table)
     if not args.no_write:
@@ -118,6 +129,7 @@ def job_runner(args: argparse.Namespace, job: argparse.Namespace):
         paddle_files, vocab = paddle_data(files) if args.paddle else ([], 0)
 
         def run(who: str, mode: str, delay: float, directory: Path) -> list[dict]:
+            # This job's workers train in a loop of their own: no pulls ahead.
             if who == "fleetfeed":
                 return run_job(mode, job, files, directory, delay=delay)
             return run_paddle_job(mode, job, paddle_files, vocab, directory, delay=delay)
@@ -135,7 +147,11 @@ def job_runner(args: argparse.Namespace, job: argparse.Namespace):
     files, held = make_small_ctr.write(data, args.records, 4)
 
     def run_small(who: str, mode: str, delay: float, directory: Path) -> list[dict]:
-        return bench_small_ctr.run_ps(who, mode, options, files, held, directory, delay)["workers"]
+        ahead = 0 if who == "fleetfeed-pull-in-forward" else -1
+        who = "paddle" if who == "paddle" else "fleetfeed"
+        return bench_small_ctr.run_ps(
+            who, mode, options, files, held, directory, delay, pull_ahead=ahead
+        )["workers"]
 
     return run_small
 
@@ -146,22 +162,44 @@ def results_table(
 ) -> str:
     lines = [
         "| mode | contender | added one-way delay (ms) | records/s per worker "
-        "| x its rate at 0 ms | AUC | MB through the relay per run |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| x its rate at 0 ms | x Paddle's at this delay | AUC | AUC - its AUC at 0 ms "
+        "| batches ahead | MB through the relay per run |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode in args.modes:
         for who in contenders:
+            if (who, mode, 0.0) not in runs:
+                continue
             base = rate(runs[(who, mode, 0.0)])
+            base_auc = statistics.median(run[0]["auc"] for run in runs[(who, mode, 0.0)])
             for delay in args.delays_ms:
                 these = runs[(who, mode, delay)]
                 auc = statistics.median(run[0]["auc"] for run in these)
                 relayed = statistics.median(run[0]["relayed_bytes"] for run in these) / 1e6
+                paddle = runs.get(("paddle", mode, delay))
+                versus = f"{rate(these) / rate(paddle):.2f}x" if paddle else "-"
+                depths = sorted({depth(w) for run in these for w in run})
                 lines.append(
-                    f"| {mode} | {'Paddle 3.0.0' if who == 'paddle' else who} | {delay:g} "
-                    f"| {rate(these):,.0f} | {rate(these) / base:.2f}x | {auc:.4f} "
-                    f"| {relayed:,.1f} |"
+                    f"| {mode} | {CONTENDERS.get(who, who)} | {delay:g} "
+                    f"| {rate(these):,.0f} | {rate(these) / base:.2f}x | {versus} | {auc:.4f} "
+                    f"| {auc - base_auc:+.4f} | {', '.join(map(str, depths))} | {relayed:,.1f} |"
                 )
     return "\n".join(lines) + "\n"
+
+
+CONTENDERS = {
+    "paddle": "Paddle 3.0.0",
+    "fleetfeed-pull-in-forward": "fleetfeed, pull_ahead=0 (each forward waits for its pull)",
+}
+
+
+def depth(worker: dict) -> int | str:
+    """The batches a worker's pulls went ahead at the end (its RunSummary); 0:
+    none sent; "-": not reported (Paddle, or a loop of the benchmark's own)."""
+    if "pulls_ahead" not in worker:
+        return "-"
+    ahead = worker["pulls_ahead"]
+    return 0 if not ahead else ahead["depth"]
 
 
 def rate(runs: list[list[dict]]) -> float:

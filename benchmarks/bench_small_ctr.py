@@ -205,6 +205,7 @@ def train_epochs(model, dataset, optimizer, config: dict, threads: int, seed: in
         "records": records, "seconds": seconds, "records_per_s": records / seconds,
         "cpu_ms": 1e3 * cpu / batches,
         "phase_ms": {k: 1e3 * v / batches for k, v in totals.items()},
+        "pulls_ahead": getattr(summary, "pulls_ahead", None),  # the last epoch's
     }
 
 
@@ -253,7 +254,9 @@ def ps_job(config: dict) -> None:
         config["workers"], tuple(config["servers"]), job_secret=config["key"],
     )
     # The two attributes the runtime reads from a DistributedStrategy.
-    strategy = SimpleNamespace(mode=config["mode"], a_sync_configs={"k_steps": config["k"]})
+    strategy = SimpleNamespace(mode=config["mode"], a_sync_configs={
+        "k_steps": config["k"], "pull_ahead": config.get("pull_ahead", -1),
+    })
     torch.manual_seed(config["seed"])
     model = small_ctr_model({"type": "adagrad", "lr": config["lr"]})
     runtime = ParameterServerRuntime(role, strategy)
@@ -309,12 +312,14 @@ def check_records(run: str, records: int, args: argparse.Namespace) -> None:
 
 
 def run_ps(who: str, mode: str, args: argparse.Namespace, files: list[Path], held: Path,
-           tmp: Path, delay: float | None = None) -> dict:
+           tmp: Path, delay: float | None = None, pull_ahead: int = -1) -> dict:
     """One 1 server + 2 workers job of ``who``; the job's figures (records/s over
     both workers, worker 0's AUC, each worker's figures). ``delay``: the
     workers reach the server through a relay adding that many seconds each way
-    (``bench_ps.relayed``)."""
+    (``bench_ps.relayed``). ``pull_ahead``: fleetfeed's
+    ``a_sync_configs["pull_ahead"]`` (-1: from the round trip; 0: off)."""
     config = {
+        "pull_ahead": pull_ahead,
         "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
         "servers": [f"127.0.0.1:{bench_ps.free_port()}"],
         "worker_files": [[str(f) for f in files[0:2]], [str(f) for f in files[2:4]]],

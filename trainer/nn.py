@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .embedding import pending, stores, tables
+from .embedding import ahead, pending, stores, tables
 from .embedding.tables import DEFAULT_INIT_SCALE, TableConfig
 from .loop import step_clock
 from .ps.tables.entries import (
@@ -149,9 +149,18 @@ class SparseEmbedding(nn.Module):
             started = time.perf_counter()
             unique, rows, positions = store.pull_values(self.config, ids.reshape(-1))
         else:
-            unique, inverse = stores.distinct(ids)
+            # Rows pulled ahead for this batch (a PS worker's training loop), or now.
+            ahead_pulls = ahead.current() if training else None
             started = time.perf_counter()
-            pulled = store.pull(self.config, unique, training)
+            hit = None if ahead_pulls is None else ahead_pulls.take(self.config, ids)
+            if hit is not None:
+                unique, inverse, pulled = hit
+            else:
+                unique, inverse = stores.distinct(ids)
+                started = time.perf_counter()
+                pulled = store.pull(self.config, unique, training)
+                if ahead_pulls is not None:
+                    ahead_pulls.learn(self.config, ids)
             rows = np.ascontiguousarray(pulled.detach().to("cpu", torch.float32).numpy())
             positions = inverse.numpy() if inverse.is_cpu else inverse.cpu().numpy()
         if training:

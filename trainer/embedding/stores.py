@@ -38,6 +38,7 @@ __all__ = [
     "add_clicks",
     "current_store",
     "distinct",
+    "distinct_of",
     "install_click_sink",
     "install_store",
     "local_store",
@@ -56,6 +57,14 @@ def distinct(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     last = getattr(_last_distinct, "value", None)
     if last is not None and last[0] is ids and last[1] == ids._version:
         return last[2], last[3]
+    unique, inverse = distinct_of(ids)
+    _last_distinct.value = (ids, ids._version, unique, inverse)
+    return unique, inverse
+
+
+def distinct_of(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``distinct`` without its memory of the last call (pulls sent ahead
+    make the ids of batches to come distinct between a forward's pulls)."""
     flat = ids.reshape(-1)
     if flat.device.type == "cpu":
         # A hash pass (first-appearance order; nothing downstream needs the ids
@@ -65,7 +74,6 @@ def distinct(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inverse = torch.from_numpy(positions)
     else:
         unique, inverse = torch.unique(flat, return_inverse=True)
-    _last_distinct.value = (ids, ids._version, unique, inverse)
     return unique, inverse
 
 

@@ -19,10 +19,15 @@ from typing import Any
 
 from .errors import TrainerError
 
-__all__ = ["MODES", "DistributedStrategy", "StrategyFactory", "parameter_server_mode"]
+__all__ = [
+    "MODES", "PULL_AHEAD_MAX", "DistributedStrategy", "StrategyFactory", "async_settings",
+    "parameter_server_mode",
+]
 
 # The parameter-server modes, as ``DistributedStrategy.mode`` names them.
 MODES = ("async", "sync", "geo")
+# The deepest an async worker sends its pulls ahead (trainer.embedding.ahead.MAX_DEPTH).
+PULL_AHEAD_MAX = 16
 # Paddle's AsyncConfig (distributed_strategy.proto) with its defaults.
 _A_SYNC_DEFAULTS: dict[str, Any] = {
     "k_steps": -1,
@@ -34,6 +39,10 @@ _A_SYNC_DEFAULTS: dict[str, Any] = {
     "send_wait_times": 1,
     "runtime_split_send_recv": False,
     "launch_barrier": True,
+    # fleetfeed's own: batches whose pulls an async worker sends ahead of their
+    # forwards (trainer/embedding/ahead.py). -1: as many as the measured round
+    # trip needs; 0: none (each forward waits for its pull); n: n batches.
+    "pull_ahead": -1,
 }
 
 _ATTRIBUTES = ("a_sync", "a_sync_configs", "find_unused_parameters", "trainer_desc_configs")
@@ -134,6 +143,15 @@ class DistributedStrategy:
             if key == "k_steps" and value < -1:
                 raise ValueError(
                     f"a_sync_configs['k_steps'] must be >= 0 (or -1, unset), got {value}"
+                )
+            if key == "pull_ahead" and not -1 <= value <= PULL_AHEAD_MAX:
+                raise ValueError(
+                    f"a_sync_configs['pull_ahead'] must be -1 (from the round trip), 0 (off) "
+                    f"or a number of batches up to {PULL_AHEAD_MAX}, got {value}"
+                )
+            if key == "send_queue_size" and value < 1:
+                raise ValueError(
+                    f"a_sync_configs['send_queue_size'] must be >= 1, got {value}"
                 )
         self._a_sync_configs.update(configs)
 
@@ -330,3 +348,20 @@ def parameter_server_mode(strategy: Any) -> tuple[str, int]:
     if mode == "geo" and k_steps < 1:
         raise TrainerError(f"GEO mode needs a_sync_configs['k_steps'] >= 1, got {k_steps}")
     return mode, k_steps
+
+
+def async_settings(strategy: Any) -> tuple[int | None, int]:
+    """Async mode's ``(pull_ahead, send_queue_size)`` from a strategy's
+    ``a_sync_configs``: ``pull_ahead`` None where it is -1 or unset (chosen
+    from the round trip); the defaults where a strategy lacks them."""
+    configs = getattr(strategy, "a_sync_configs", None) or {}
+    if not isinstance(configs, dict):
+        configs = {}
+    ahead = configs.get("pull_ahead", _A_SYNC_DEFAULTS["pull_ahead"])
+    queue = configs.get("send_queue_size", _A_SYNC_DEFAULTS["send_queue_size"])
+    if type(ahead) is not int or type(queue) is not int:
+        raise TrainerError(
+            f"a_sync_configs['pull_ahead'] and ['send_queue_size'] must be ints, got "
+            f"{ahead!r} and {queue!r}"
+        )
+    return (None if ahead == -1 else ahead), queue

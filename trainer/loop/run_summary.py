@@ -51,6 +51,11 @@ class RunSummary:
             each step, overwriting the others' updates
             (``trainer.loop.hogwild.collision_warning``); None otherwise.
             Logged as a warning at every call.
+        pulls_ahead: a parameter-server worker's pulls sent ahead of their
+            forwards (trainer/embedding/ahead.py): ``depth`` (the most batches
+            ahead a thread ended the pass at), ``sent`` (pulls sent ahead) and
+            ``taken`` (tables' rows a forward took from them); None when the
+            pass sent none (local training, GEO, sync, ``pull_ahead=0``).
     """
 
     batches: int
@@ -64,6 +69,7 @@ class RunSummary:
     hogwild: str | None = None
     hogwild_fallback: str | None = None
     hogwild_warning: str | None = None
+    pulls_ahead: dict[str, int] | None = None
 
     @property
     def records_per_second(self) -> float:

@@ -8,10 +8,17 @@ then (training) the backward and the step, one thread at a time under a lock,
 or all at once for Hogwild threads (trainer/loop/hogwild.py). ``timings`` split each
 batch's time into the phases ``data_wait``, ``forward``, ``backward``, ``step``
 and the parts ``pull``, ``optimizer``, ``push`` (trainer/loop/step_clock.py).
+
+A parameter-server worker in async mode holds the batches to come and sends
+their pulls before their forwards (trainer/embedding/ahead.py): its
+``data_wait`` includes sending them.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import itertools
 import logging
 import sys
 import threading
@@ -21,6 +28,8 @@ from typing import Any
 
 import torch
 
+from ..embedding import ahead as ahead_pulls
+from ..embedding import stores
 from .dense_update import clear_grads, step_from_grads
 from .hogwild import HogwildStep, collision_warning, sparse_gradient_reason
 from .run_summary import RunSummary
@@ -90,6 +99,8 @@ class DatasetPass:
         self.dumper: Any = None
         self.dumps_wanted = False
         # For a FetchHandler's monitor thread: the last batch and its outputs.
+        # Pulls sent ahead of their forwards, over the threads (RunSummary.pulls_ahead).
+        self.pulls_ahead: dict[str, int] = {}
         self.keep_latest = False
         self.latest: tuple[Mapping[str, Any], Any] = ({}, None)
 
@@ -170,26 +181,69 @@ class DatasetPass:
                 self._loop(iterator)
 
     def _loop(self, iterator: Any) -> None:
+        ahead = self._pull_ahead()
+        held: collections.deque[Any] = collections.deque()
+        try:
+            self._run_batches(iterator, held, ahead)
+        finally:
+            if ahead is not None:
+                ahead.close()
+                with self.stats_lock:
+                    totals = self.pulls_ahead
+                    totals["depth"] = max(totals.get("depth", 0), ahead.depth)
+                    totals["sent"] = totals.get("sent", 0) + ahead.sent_pulls
+                    totals["taken"] = totals.get("taken", 0) + ahead.taken_pulls
+
+    def _pull_ahead(self) -> ahead_pulls.PullAhead | None:
+        """This thread's pulls sent ahead, when training pulls from servers
+        that take them (an async worker's ``RemoteStore``)."""
+        store = stores.current_store()
+        if not self.train or not hasattr(store, "send_pull") or store.pull_ahead == 0:
+            return None
+        return ahead_pulls.PullAhead(store, stores.distinct_of)
+
+    def _next_batch(
+        self, iterator: Any, held: collections.deque[Any],
+        ahead: ahead_pulls.PullAhead | None,
+    ) -> Any:
+        """The next batch of this thread (None: the pass is over). With pulls
+        sent ahead, the thread holds the batches to come and sends their pulls."""
+        wanted = 1 if ahead is None else 1 + ahead.wanted()
+        while len(held) < wanted:
+            with self.next_lock:
+                if self.exhausted:
+                    break
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    self.exhausted = True
+                    break
+            held.append(batch if self.device is None else _to_device(batch, self.device))
+        if not held:
+            return None
+        if ahead is not None:
+            for batch in itertools.islice(held, 1, None):
+                ahead.send(batch)
+        return held.popleft()
+
+    def _run_batches(
+        self, iterator: Any, held: collections.deque[Any],
+        ahead: ahead_pulls.PullAhead | None,
+    ) -> None:
         clock = time.perf_counter
         while True:
             if self.stop.is_set():
                 raise PassStopped
             t0 = clock()
-            with self.next_lock:
-                if self.exhausted:
-                    return
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    self.exhausted = True
-                    return
-            if self.device is not None:
-                batch = _to_device(batch, self.device)
+            batch = self._next_batch(iterator, held, ahead)
+            if batch is None:
+                return
             waited = clock() - t0
             pulled, updated = thread_totals()
             if self.hogwild is not None:
                 t1 = clock()
-                outputs = _check_outputs(self.model(batch), need_loss=True)
+                with ahead.forward(batch) if ahead is not None else contextlib.nullcontext():
+                    outputs = _check_outputs(self.model(batch), need_loss=True)
                 t2 = clock()
                 grads = self.hogwild.gradients(outputs["loss"])
                 t3 = clock()
@@ -198,7 +252,8 @@ class DatasetPass:
             elif self.train:
                 with self.step_lock:
                     t1 = clock()
-                    outputs = _check_outputs(self.model(batch), need_loss=True)
+                    with ahead.forward(batch) if ahead is not None else contextlib.nullcontext():
+                        outputs = _check_outputs(self.model(batch), need_loss=True)
                     t2 = clock()
                     self._zero_grad()
                     outputs["loss"].backward()
@@ -291,6 +346,7 @@ class DatasetPass:
             self.batches, self.records, mean_loss, seconds, threads,
             dict(self.timings), dict(self.last_fetch),
             hogwild_fallback=self.hogwild_fallback, hogwild_warning=self.hogwild_warning,
+            pulls_ahead=dict(self.pulls_ahead) if self.pulls_ahead.get("sent") else None,
         )
 
 

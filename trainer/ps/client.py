@@ -14,6 +14,7 @@ step is pushed, per mode.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -85,11 +86,22 @@ class RemoteStore:
     hashing the ids again. With ``worker`` given, training pulls name the
     worker, so that each server reuses the row numbers it found for the
     worker's push of the same ids (``server.pull_step``).
+
+    ``send_pull`` sends a training pull now and hands its rows later: the
+    training loop sends the pulls of the batches to come (``pull_ahead``:
+    None, as many batches ahead as the round trip needs; 0, none; n, n
+    batches), see ``trainer.embedding.ahead``.
     """
 
-    def __init__(self, servers: ServerSet, worker: int | None = None) -> None:
+    def __init__(
+        self, servers: ServerSet, worker: int | None = None, pull_ahead: int | None = 0
+    ) -> None:
         self.servers = servers
         self.worker = worker
+        # Training pulls sent ahead of their forwards (trainer.embedding.ahead):
+        # None: as deep as the round trip needs, 0: never, n: n batches.
+        self.pull_ahead = pull_ahead
+        self.ahead_depth = 1
         self._followers: dict[str, tuple[TableConfig, ...]] = {}
         self._lock = threading.Lock()
         # Per thread: the last pull, prefetched rows, routings of training pulls.
@@ -129,30 +141,99 @@ class RemoteStore:
     def _fetch(
         self, configs: Sequence[TableConfig], ids: torch.Tensor, training: bool
     ) -> list[torch.Tensor]:
+        return self._send(configs, ids, training).rows()
+
+    def send_pull(self, configs: Sequence[TableConfig], ids: torch.Tensor) -> SentPull:
+        """Sends the training pull of distinct ``ids`` from each table of
+        ``configs`` now; its ``rows()`` later (``trainer.embedding.ahead``)."""
+        return self._send(configs, ids, training=True)
+
+    def _send(
+        self, configs: Sequence[TableConfig], ids: torch.Tensor, training: bool
+    ) -> SentPull:
         names = [c.name for c in configs]
         route = Routing(as_u64(ids), len(self.servers))
-        if training:
-            routes = getattr(self._local, "routes", None)
-            if routes is None:
-                routes = self._local.routes = {}
-            for name in names:
-                routes[name] = route
         if training and self.worker is not None:
             op, lead = handlers.pull_step, (self.worker, names)
         else:
             op, lead = handlers.pull_tables, (names,)
         tail = (training,) if op is handlers.pull_tables else ()
-        if len(self.servers) == 1:
-            return self.servers.call(0, op, *lead, route.parts[0], *tail)
-        outs = [torch.empty(route.ids.shape[0], c.dim, dtype=torch.float32) for c in configs]
         futures = [
             (s, index, self.servers.call_async(s, op, *lead, part, *tail))
             for s, (index, part) in enumerate(zip(route.index, route.parts, strict=True))
             if part is not None
         ]
-        for s, index, future in futures:
-            for out, part in zip(outs, self.servers.wait(s, future, op.__name__), strict=True):
-                out[index] = part
+        return SentPull(self, configs, route, op.__name__, futures, training)
+
+    def _keep_route(self, names: Sequence[str], route: Routing) -> None:
+        """This thread's push of these tables' gradients reuses ``route``."""
+        routes = getattr(self._local, "routes", None)
+        if routes is None:
+            routes = self._local.routes = {}
+        for name in names:
+            routes[name] = route
+
+
+class SentPull:
+    """A pull sent to the servers: ``rows()`` waits for its answers (once)
+    and, for a training pull, keeps its routing for the push of the
+    gradients of the thread that takes the rows.
+
+    Attributes:
+        sent_at: ``time.perf_counter()`` when it was sent.
+        done_at: when its last answer came, or None.
+    """
+
+    __slots__ = (
+        "_futures", "_op", "_rows", "_store", "_training", "configs", "done_at", "route",
+        "sent_at",
+    )
+
+    def __init__(
+        self, store: RemoteStore, configs: Sequence[TableConfig], route: Routing, op: str,
+        futures: list[tuple[int, torch.Tensor | None, Any]], training: bool,
+    ) -> None:
+        self._store = store
+        self.configs = tuple(configs)
+        self.route = route
+        self._op = op
+        self._futures = futures
+        self._training = training
+        self._rows: list[torch.Tensor] | None = None
+        self.sent_at = time.perf_counter()
+        self.done_at: float | None = None
+        remaining = [len(futures)]
+        lock = threading.Lock()
+
+        def answered(_: Any) -> None:
+            with lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    self.done_at = time.perf_counter()
+
+        for _, _, future in futures:
+            future.add_done_callback(answered)
+
+    def rows(self) -> list[torch.Tensor]:
+        """The rows of each table, in order (``ServerUnavailableError`` or
+        ``ServerCallError`` when a server did not answer)."""
+        if self._rows is not None:
+            return self._rows
+        servers = self._store.servers
+        if len(self._futures) == 1 and self.route.index[self._futures[0][0]] is None:
+            s, _, future = self._futures[0]
+            outs = servers.wait(s, future, self._op)
+        else:
+            outs = [
+                torch.empty(self.route.ids.shape[0], c.dim, dtype=torch.float32)
+                for c in self.configs
+            ]
+            for s, index, future in self._futures:
+                for out, part in zip(outs, servers.wait(s, future, self._op), strict=True):
+                    out[index] = part
+        if self._training:
+            self._store._keep_route([c.name for c in self.configs], self.route)
+        self._rows = outs
         return outs
 
 

@@ -21,7 +21,9 @@ save, stop: GEO also sends what it has not synced yet), and tell it through
 
 from __future__ import annotations
 
+import collections
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -29,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..embedding import pending, stores
+from ..embedding.ahead import MAX_DEPTH, add_network_wait
 from ..embedding.tables import TableConfig
 from ..job.errors import TrainerError
 from ..loop.dense_update import step_from_grads
@@ -151,25 +154,49 @@ class LocalMode(TrainingMode):
 class AsyncMode(TrainingMode):
     """Each step sends its gradients and returns without waiting for them.
 
-    The next step (of the same thread) first waits for that push and takes the
-    dense values it returned. So the servers apply a push while the worker
-    computes the next batch, and a worker's dense parameters lag by one step at
-    most more than async mode's arrival order already allows. ``settle`` and
-    ``flush`` wait for every push in flight; a push that failed raises there.
+    A thread's pushes stay in flight while it trains the next batches, up to
+    a bound: the depth its pulls are sent ahead (trainer/embedding/ahead.py;
+    1 when they are not), at most ``send_queue_size``. A step with that many
+    in flight first waits for the oldest; each push answered gives the dense
+    values after it, taken in the order sent. So the servers apply pushes
+    while the worker computes, and a worker's dense parameters lag by at most
+    that bound of its own steps, beyond what async mode's arrival order
+    already allows. ``settle`` and ``flush`` wait for every push in flight; a
+    push that failed raises there or at a later step.
+
+    Args:
+        pull_ahead: batches whose pulls are sent ahead of their forwards
+            (None: from the measured round trip; 0: none).
+        send_queue_size: the most pushes of a thread in flight (Paddle's
+            ``a_sync_configs`` key of that name: the gradients a worker may
+            hold unsent).
     """
 
     name = "async"
 
-    def __init__(self) -> None:
+    def __init__(self, pull_ahead: int | None = None, send_queue_size: int = 16) -> None:
         super().__init__()
+        if pull_ahead is not None and not 0 <= pull_ahead <= MAX_DEPTH:
+            raise TrainerError(
+                f"a_sync_configs['pull_ahead'] must be -1 (from the round trip), 0 (off) or "
+                f"at most {MAX_DEPTH} batches, got {pull_ahead}"
+            )
+        if send_queue_size < 1:
+            raise TrainerError(
+                f"a_sync_configs['send_queue_size'] must be >= 1, got {send_queue_size}"
+            )
+        self.pull_ahead = pull_ahead
+        self.send_queue_size = send_queue_size
         self._lock = threading.Lock()
-        self._pushes: dict[int, list[Any]] = {}  # thread -> its push's futures
+        # thread -> its pushes in flight, oldest first (each: one future per server)
+        self._pushes: dict[int, collections.deque[list[Any]]] = {}
 
     def step(self) -> None:
         """Sends this thread's sparse and dense gradients to their servers."""
         link = self.link
         servers = link.servers
-        self._wait(threading.get_ident())
+        thread = threading.get_ident()
+        self._wait(thread, keep=self.pushes_in_flight() - 1)
         n = len(servers)
         sparse_parts = self._sparse_parts()
         # The gradients are sent while the caller goes on (zero_grad may reuse them).
@@ -180,34 +207,47 @@ class AsyncMode(TrainingMode):
             for s in range(n)
         ]
         with self._lock:
-            self._pushes[threading.get_ident()] = futures
+            self._pushes.setdefault(thread, collections.deque()).append(futures)
+
+    def pushes_in_flight(self) -> int:
+        """The most pushes a thread may have in flight now."""
+        depth = 1 if self._remote is None else self._remote.ahead_depth
+        return max(1, min(self.send_queue_size, depth))
 
     def connect(self, link: WorkerLink) -> stores.RowStore:
         """A ``RemoteStore`` whose training pulls name this worker: each server
         reuses the row numbers a pull found for the push of its gradients."""
         self._link = link
-        self._remote = RemoteStore(link.servers, link.index)
+        self._remote = RemoteStore(link.servers, link.index, self.pull_ahead)
         return self._remote
 
     def settle(self) -> None:
-        """Waits for every thread's push in flight."""
-        self._wait(None)
-
-    def _wait(self, thread: int | None) -> None:
-        """Waits for the push in flight of ``thread`` (None: of every thread)
-        and takes the dense values it returned."""
+        """Waits for every thread's pushes in flight."""
         with self._lock:
-            if thread is None:
-                pending = list(self._pushes.values())
-                self._pushes.clear()
-            else:
-                futures = self._pushes.pop(thread, None)
-                pending = [] if futures is None else [futures]
-        if not pending:
-            return
+            threads = list(self._pushes)
+        for thread in threads:
+            self._wait(thread, keep=0)
+
+    def _wait(self, thread: int, keep: int) -> None:
+        """Takes the answered pushes of ``thread`` (oldest first), waiting for
+        the oldest until at most ``keep`` are in flight; each answer's dense
+        values replace the worker's."""
         servers = self.link.servers
-        for futures in pending:
-            self._set_dense([servers.wait(s, f, "push") for s, f in enumerate(futures)])
+        while True:
+            with self._lock:
+                flight = self._pushes.get(thread)
+                if not flight:
+                    return
+                oldest = flight[0]
+                if len(flight) <= keep and not all(f.done() for f in oldest):
+                    return
+                flight.popleft()
+                if not flight:
+                    del self._pushes[thread]
+            started = time.perf_counter()
+            answers = [servers.wait(s, f, "push") for s, f in enumerate(oldest)]
+            add_network_wait(time.perf_counter() - started)
+            self._set_dense(answers)
 
 
 class SyncMode(TrainingMode):
@@ -352,12 +392,16 @@ class GeoMode(TrainingMode):
                     self._dense_base[i] = value.clone()
 
 
-def distributed_mode(name: str, k_steps: int = 0) -> TrainingMode:
+def distributed_mode(
+    name: str, k_steps: int = 0, pull_ahead: int | None = None, send_queue_size: int = 16
+) -> TrainingMode:
     """A new mode object for a strategy's mode name (``"async"``, ``"sync"``,
-    ``"geo"``, as ``trainer.job.strategy.parameter_server_mode`` returns it)."""
+    ``"geo"``, as ``trainer.job.strategy.parameter_server_mode`` returns it);
+    ``pull_ahead`` and ``send_queue_size``: async mode's (``AsyncMode``)."""
     if name == GeoMode.name:
         return GeoMode(k_steps)
-    for cls in (AsyncMode, SyncMode):
-        if name == cls.name:
-            return cls()
+    if name == AsyncMode.name:
+        return AsyncMode(pull_ahead, send_queue_size)
+    if name == SyncMode.name:
+        return SyncMode()
     raise TrainerError(f"strategy.mode must be one of ('async', 'sync', 'geo'), got {name!r}")

@@ -36,7 +36,7 @@ from ..job import restart
 from ..job.errors import CheckpointError, ServerCallError, TrainerError
 from ..job.keys import require_key_or_insecure
 from ..job.role import ClusterRole
-from ..job.strategy import parameter_server_mode
+from ..job.strategy import async_settings, parameter_server_mode
 from . import lifecycle, transport
 from . import server as handlers
 from .checkpoint import directory as checkpoint
@@ -95,7 +95,8 @@ class ParameterServerRuntime:
         if not self.local and role.server_num == 0:
             raise TrainerError("a parameter-server job needs at least one server endpoint")
         self.training: TrainingMode = (
-            LocalMode() if self.local else distributed_mode(self.mode, self.k_steps)
+            LocalMode() if self.local
+            else distributed_mode(self.mode, self.k_steps, *async_settings(strategy))
         )
         self.optimizer: torch.optim.Optimizer | None = None
         self.params: list[torch.Tensor] = []

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..embedding.ahead import MAX_DEPTH
 from ..job.errors import CheckpointError
 from . import lifecycle
 from .checkpoint import directory as checkpoint
@@ -43,9 +44,10 @@ log = logging.getLogger(__name__)
 SparsePart = Mapping[str, tuple[torch.Tensor, torch.Tensor]]  # table -> (ids int64, values)
 DensePart = Mapping[int, torch.Tensor]  # dense index -> values
 # Training pulls remembered per (worker, table) for the push of their
-# gradients: an async worker's next pull may overtake its push (the handler
-# pool runs both at once), so the last two.
-_PULLS_KEPT = 2
+# gradients: an async worker sends pulls up to MAX_DEPTH batches ahead of
+# the push (trainer/embedding/ahead.py), and its next pull may overtake the
+# push (the handler pool runs both at once).
+_PULLS_KEPT = MAX_DEPTH + 2
 
 
 class ParameterServer:
