@@ -160,6 +160,7 @@ class SparseEmbedding(nn.Module):
                 started = time.perf_counter()
                 pulled = store.pull(self.config, unique, training)
                 if ahead_pulls is not None:
+                    ahead.add_network_wait(time.perf_counter() - started)
                     ahead_pulls.learn(self.config, ids)
             rows = np.ascontiguousarray(pulled.detach().to("cpu", torch.float32).numpy())
             positions = inverse.numpy() if inverse.is_cpu else inverse.cpu().numpy()

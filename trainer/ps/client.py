@@ -101,7 +101,6 @@ class RemoteStore:
         # Training pulls sent ahead of their forwards (trainer.embedding.ahead):
         # None: as deep as the round trip needs, 0: never, n: n batches.
         self.pull_ahead = pull_ahead
-        self.ahead_depth = 1
         self._followers: dict[str, tuple[TableConfig, ...]] = {}
         self._lock = threading.Lock()
         # Per thread: the last pull, prefetched rows, routings of training pulls.
@@ -231,10 +230,20 @@ class SentPull:
             for s, index, future in self._futures:
                 for out, part in zip(outs, servers.wait(s, future, self._op), strict=True):
                     out[index] = part
+        if self.done_at is None:  # the waiter can wake before the future's callbacks run
+            self.done_at = time.perf_counter()
         if self._training:
             self._store._keep_route([c.name for c in self.configs], self.route)
         self._rows = outs
         return outs
+
+    def drop(self) -> None:
+        """Stops waiting for the answers not come yet: the transport forgets
+        their calls (a server that never answers holds nothing here)."""
+        forget = getattr(self._store.servers, "forget", None)
+        for _, _, future in self._futures:
+            if not future.done() and forget is not None:
+                forget(future)
 
 
 def shard_sparse(

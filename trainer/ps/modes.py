@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..embedding import pending, stores
-from ..embedding.ahead import MAX_DEPTH, add_network_wait
+from ..embedding.ahead import MAX_DEPTH, add_network_wait, thread_depth
 from ..embedding.tables import TableConfig
 from ..job.errors import TrainerError
 from ..loop.dense_update import step_from_grads
@@ -210,9 +210,10 @@ class AsyncMode(TrainingMode):
             self._pushes.setdefault(thread, collections.deque()).append(futures)
 
     def pushes_in_flight(self) -> int:
-        """The most pushes a thread may have in flight now."""
-        depth = 1 if self._remote is None else self._remote.ahead_depth
-        return max(1, min(self.send_queue_size, depth))
+        """The most pushes the calling thread may have in flight now: the
+        depth its pulls go ahead (1 outside such a pass), at most
+        ``send_queue_size``."""
+        return max(1, min(self.send_queue_size, thread_depth()))
 
     def connect(self, link: WorkerLink) -> stores.RowStore:
         """A ``RemoteStore`` whose training pulls name this worker: each server
@@ -222,11 +223,18 @@ class AsyncMode(TrainingMode):
         return self._remote
 
     def settle(self) -> None:
-        """Waits for every thread's pushes in flight."""
+        """Waits for every thread's pushes in flight (each thread's in the
+        order sent: taken whole, so that no step of that thread takes one
+        meanwhile)."""
         with self._lock:
-            threads = list(self._pushes)
-        for thread in threads:
-            self._wait(thread, keep=0)
+            flights, self._pushes = list(self._pushes.values()), {}
+        servers = self.link.servers
+        for flight in flights:
+            for futures in flight:
+                started = time.perf_counter()
+                answers = [servers.wait(s, f, "push") for s, f in enumerate(futures)]
+                add_network_wait(time.perf_counter() - started)
+                self._set_dense(answers)
 
     def _wait(self, thread: int, keep: int) -> None:
         """Takes the answered pushes of ``thread`` (oldest first), waiting for

@@ -637,6 +637,16 @@ class ServerSet:
                         del self._pending[rid]
             raise self.unavailable(index, what, TimeoutError("no answer in time")) from None
 
+    def forget(self, future: concurrent.futures.Future) -> None:
+        """Stops waiting for ``future``'s answer (from ``call_async``): a reply
+        that comes later is dropped, and the call holds nothing here."""
+        with self._lock:
+            rid = next((r for r, (_, f) in self._pending.items() if f is future), None)
+            if rid is None:
+                return  # answered, or being answered now
+            del self._pending[rid]
+        future.cancel()
+
     def call(
         self, index: int, func: Callable[..., Any], *args: Any, timeout: float | None = None
     ) -> Any:
