@@ -3,6 +3,7 @@ from collections.abc import Callable
 import numpy as np
 
 ROW_STATS_DTYPE: np.dtype
+MAX_ROWS: int
 
 class IdIndex:
     size: int

@@ -1,12 +1,12 @@
 # cython: language_level=3
 """The per-batch hot loops of sparse tables, in C.
 
-* ``IdIndex``: open-addressing hash index (linear probing, load <= 1/2),
-  uint64 id -> row number (0, 1, 2, ... in order of insertion), each slot's
-  key and row number side by side in one numpy array (no Python object per
-  id; a probe reads one cache line, not one in each of two arrays). One pass
-  over a batch finds or adds every id (``lookup_or_insert``); the vectorised
-  numpy version it replaces needed several passes and a sort per probe round.
+* ``IdIndex``: open-addressing hash index, uint64 id -> 32-bit row number
+  (0, 1, 2, ... in order of insertion), in buckets of one cache line holding
+  five keys and their row numbers (12.8 bytes a slot, up to 7/8 full; no
+  Python object per id; a probe reads one line, rarely two). It grows by
+  half again, so it never holds twice the memory its ids need. One pass over
+  a batch finds or adds every id (``lookup_or_insert``).
 * ``unique_inverse``: a batch's distinct ids and each id's position among them,
   by hashing (O(n), first-appearance order) rather than numpy's sort.
 * ``pull_rows``: a pull's lookup, the copy of each row found and (training)
@@ -40,7 +40,6 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
-_MIN_CAPACITY = 1024
 # A slot's row number is written after its key with release order, and read
 # with acquire order: Hogwild processes (trainer/loop/hogwild_processes.py) look ids
 # up without a lock in an index that another process may be adding to, and
@@ -50,8 +49,8 @@ cdef extern from *:
     #define FF_STORE_RELEASE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
     #define FF_LOAD_ACQUIRE(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
     """
-    void FF_STORE_RELEASE(int64_t* address, int64_t value) noexcept nogil
-    int64_t FF_LOAD_ACQUIRE(const int64_t* address) noexcept nogil
+    void FF_STORE_RELEASE_U32 "FF_STORE_RELEASE"(uint32_t* address, uint32_t value) noexcept nogil
+    uint32_t FF_LOAD_ACQUIRE_U32 "FF_LOAD_ACQUIRE"(const uint32_t* address) noexcept nogil
 
 # Per-row counts (show, click, Adam's step count) go up by atomic adds: Hogwild
 # processes pull and push the same rows at once, each under a table lock of its
@@ -129,10 +128,89 @@ def _as_u64(ids):
     raise TypeError(f"feature ids must be int64 or uint64, got {ids.dtype}")
 
 
-cdef inline bint _over_load(int64_t entries, int64_t capacity) noexcept:
-    # At most half full: 16 bytes a slot is 32-64 bytes an id. (3/4 full
-    # would take 21-43 bytes, for pulls about a fifth slower near that load.)
-    return 2 * entries > capacity
+# The index's buckets: one cache line each, five keys and their row numbers.
+# A row number of EMPTY marks a free slot; slots fill in probe order and are
+# never freed (rows leave by a rebuild), so the first free slot a probe meets
+# ends it: the key is absent.
+cdef extern from *:
+    """
+    typedef struct {
+        uint64_t keys[5];
+        uint32_t rows[5];
+        uint32_t unused;
+    } FFBucket;
+    #define FF_EMPTY 0xFFFFFFFFu
+    /* The high half of a 64-bit hash times the bucket count: any count, no modulo. */
+    static inline uint64_t ff_bucket_of(uint64_t hash, uint64_t buckets) {
+        return (uint64_t)(((unsigned __int128)hash * buckets) >> 64);
+    }
+    /* The slot of `key` from bucket `b` on, or the free slot where it would
+       go: its bucket in *where, its place returned. A bucket's filled slots
+       come first (slots fill in order and are never freed), so the bucket's
+       slots are compared all at once, without a branch per slot: a branch
+       per slot mispredicts where the key lies and doubled the probe's time. */
+    static inline int ff_find(FFBucket *buckets, uint64_t count, uint64_t b, uint64_t key,
+                              FFBucket **where) {
+        for (;;) {
+            FFBucket *bucket = buckets + b;
+            unsigned match = 0, empty = 0;
+            /* A free slot's key is all ones (the fill): any other key matches
+               filled slots only, and is found by its keys alone, the common
+               case. Its row number is read (acquire) by the caller. */
+            for (int j = 0; j < 5; j++)
+                match |= (unsigned)(bucket->keys[j] == key) << j;
+            if (match && key != ~(uint64_t)0) {
+                *where = bucket;
+                return __builtin_ctz(match);
+            }
+            for (int j = 0; j < 5; j++) {
+                uint32_t row = __atomic_load_n(&bucket->rows[j], __ATOMIC_ACQUIRE);
+                empty |= (unsigned)(row == FF_EMPTY) << j;
+            }
+            match &= ~empty;
+            if (match | empty) {
+                *where = bucket;
+                return __builtin_ctz(match ? match : empty);
+            }
+            if (++b == count) b = 0;
+        }
+    }
+    """
+    ctypedef struct FFBucket:
+        uint64_t keys[5]
+        uint32_t rows[5]
+    uint32_t EMPTY "FF_EMPTY"
+    uint64_t ff_bucket_of(uint64_t hash, uint64_t buckets) noexcept nogil
+    int ff_find(FFBucket* buckets, uint64_t count, uint64_t b, uint64_t key,
+                FFBucket** where) noexcept nogil
+
+cdef enum:
+    _SLOTS = 5
+    _MIN_SLOTS = 1024
+    # How many ids ahead a loop prefetches their buckets: a probe compares a
+    # bucket's five slots, so more probes must be in flight than _AHEAD's
+    # rows to hide the misses (8: 35 M lookups/s at 10M ids, 32: 47 M).
+    _INDEX_AHEAD = 32
+# Row numbers fit 32 bits: a shard holds fewer than EMPTY rows.
+MAX_ROWS = 0xFFFFFFFF - 1
+
+
+cdef inline bint _over_load(int64_t entries, int64_t slots) noexcept:
+    # At most 9/10 full. Buckets of five slots in a line keep probes short
+    # that full (a probe reads one line, and rarely the next). 12.8 bytes a
+    # slot is 14.2-17.8 bytes an id, with growth by a quarter (below).
+    return 10 * entries > 9 * slots
+
+
+cdef inline int64_t _buckets_for(int64_t entries) noexcept:
+    """Buckets that hold ``entries`` at 18/25 full: grown to that when past
+    9/10, the index takes a quarter more memory, never twice its memory."""
+    cdef int64_t slots = max(<int64_t>_MIN_SLOTS, (entries * 25 + 17) // 18)
+    return (slots + _SLOTS - 1) // _SLOTS
+
+
+cdef inline uint64_t _bucket_of(uint64_t key, uint64_t buckets) noexcept nogil:
+    return ff_bucket_of(_mix64(key), buckets)
 
 
 cdef class IdIndex:
@@ -141,50 +219,57 @@ cdef class IdIndex:
     Not thread-safe by itself: a ``SparseTable`` holds its lock around every call.
     """
 
-    # Slot s is cells[2s] (the key, as int64) and cells[2s + 1] (its row
-    # number; -1: empty slot).
+    # Buckets of _SLOTS (key, row number) slots, 64 bytes each (FFBucket).
     cdef object _cells_array
-    cdef int64_t* _cells
-    cdef uint64_t _mask
+    cdef FFBucket* _buckets
+    cdef uint64_t _count
     cdef readonly int64_t size
 
-    def __init__(self, capacity=_MIN_CAPACITY):
-        capacity = max(_MIN_CAPACITY, 1 << (int(capacity) - 1).bit_length())
-        self._allocate(capacity)
+    def __init__(self, capacity=_MIN_SLOTS):
+        self._allocate(_buckets_for(max(int(capacity), 1) * 18 // 25))
         self.size = 0
 
-    cdef _allocate(self, int64_t capacity, allocate=None):
+    cdef _allocate(self, int64_t buckets, allocate=None):
         # allocate(shape, dtype): where the cells live (default: numpy's heap).
-        if allocate is None:
-            cells = np.full((capacity, 2), -1, dtype=np.int64)
-        else:
-            cells = allocate((capacity, 2), np.int64)
-            cells.fill(-1)
+        # Filled with ones: every row number EMPTY. A bucket starts on a cache
+        # line (numpy aligns to 16 bytes only: a bucket across two lines
+        # would cost two misses a probe, a third slower at 10M ids).
+        raw = (allocate or np.empty)(((buckets + 1) * 8,), np.int64)
+        skip = (-raw.__array_interface__["data"][0] % 64) // 8
+        cells = raw[skip:skip + buckets * 8].reshape(buckets, 8)
+        cells.fill(-1)
         cdef int64_t[:, ::1] view = cells
         self._cells_array = cells
-        self._cells = &view[0, 0]
-        self._mask = <uint64_t>(capacity - 1)
+        self._buckets = <FFBucket*>&view[0, 0]
+        self._count = <uint64_t>buckets
 
     @property
     def capacity(self):
-        return <int64_t>self._mask + 1
+        """Slots (ids it holds before it grows: 9/10 of them)."""
+        return <int64_t>self._count * _SLOTS
 
     @property
     def cells(self):
-        """The slots' array (read it only): where the index lives."""
+        """The buckets' array (read it only): where the index lives."""
         return self._cells_array
 
-    cdef inline int64_t* _slot(self, uint64_t key) noexcept nogil:
-        """The slot holding ``key``, or the empty slot where it would go."""
-        cdef uint64_t pos = _mix64(key) & self._mask
-        cdef int64_t* cell = self._cells + 2 * pos
-        while FF_LOAD_ACQUIRE(&cell[1]) >= 0 and <uint64_t>cell[0] != key:
-            pos = (pos + 1) & self._mask
-            cell = self._cells + 2 * pos
-        return cell
+    cdef inline int _find(self, uint64_t key, FFBucket** where) noexcept nogil:
+        """The slot holding ``key``, or the free slot where it would go:
+        its bucket (``where``) and its place in the bucket."""
+        return ff_find(self._buckets, self._count, _bucket_of(key, self._count), key, where)
+
+    cdef inline int64_t _row(self, uint64_t key) noexcept nogil:
+        """The row number of ``key``, -1 where absent."""
+        cdef FFBucket* bucket
+        cdef int j = self._find(key, &bucket)
+        cdef uint32_t row = FF_LOAD_ACQUIRE_U32(&bucket.rows[j])
+        return -1 if row == EMPTY else <int64_t>row
 
     cdef inline void _prefetch(self, uint64_t key) noexcept nogil:
-        __builtin_prefetch(self._cells + 2 * (_mix64(key) & self._mask))
+        # The next bucket too: a probe that overflows its bucket reads it.
+        cdef FFBucket* bucket = self._buckets + _bucket_of(key, self._count)
+        __builtin_prefetch(bucket)
+        __builtin_prefetch(bucket + 1)
 
     def lookup(self, ids):
         """Row number of each id, -1 where the id is absent."""
@@ -194,9 +279,9 @@ cdef class IdIndex:
         cdef Py_ssize_t i, n = keys.shape[0]
         with nogil:
             for i in range(n):
-                if i + _AHEAD < n:
-                    self._prefetch(keys[i + _AHEAD])
-                rows[i] = self._slot(keys[i])[1]
+                if i + _INDEX_AHEAD < n:
+                    self._prefetch(keys[i + _INDEX_AHEAD])
+                rows[i] = self._row(keys[i])
         return out
 
     def lookup_or_insert(self, ids):
@@ -204,22 +289,30 @@ cdef class IdIndex:
         ``size`` in order of first appearance; a repeated id gets one row)."""
         cdef const uint64_t[::1] keys = _as_u64(ids)
         cdef Py_ssize_t n = keys.shape[0]
+        if self.size + n > MAX_ROWS:
+            raise OverflowError(
+                f"a table shard holds at most {MAX_ROWS} rows: {self.size} and {n} more "
+                "do not fit (spread the table over more servers)"
+            )
         if _over_load(self.size + n, self.capacity):
             self._grow(self.size + n)
         out = np.empty(n, dtype=np.int64)
         cdef int64_t[::1] rows = out
         cdef Py_ssize_t i
-        cdef int64_t* cell
+        cdef int j
+        cdef FFBucket* bucket
         with nogil:
             for i in range(n):
-                if i + _AHEAD < n:
-                    self._prefetch(keys[i + _AHEAD])
-                cell = self._slot(keys[i])
-                if cell[1] < 0:
-                    cell[0] = <int64_t>keys[i]
-                    FF_STORE_RELEASE(&cell[1], self.size)
+                if i + _INDEX_AHEAD < n:
+                    self._prefetch(keys[i + _INDEX_AHEAD])
+                j = self._find(keys[i], &bucket)
+                if bucket.rows[j] == EMPTY:
+                    # The key first, then its row number (release): a reader
+                    # that sees the number sees the key.
+                    bucket.keys[j] = keys[i]
+                    FF_STORE_RELEASE_U32(&bucket.rows[j], <uint32_t>self.size)
                     self.size += 1
-                rows[i] = cell[1]
+                rows[i] = bucket.rows[j]
         return out
 
     def insert_new(self, ids):
@@ -230,10 +323,7 @@ cdef class IdIndex:
         """Replaces the index by one of ``ids`` (distinct), numbered 0, 1, 2,
         ... in their order: how a table drops rows and renumbers the rest."""
         ids = _as_u64(ids)
-        capacity = _MIN_CAPACITY
-        while _over_load(ids.shape[0], capacity):
-            capacity *= 2
-        self._allocate(capacity)
+        self._allocate(_buckets_for(ids.shape[0]))
         self.size = 0
         if ids.shape[0]:
             self.lookup_or_insert(ids)
@@ -250,13 +340,13 @@ cdef class IdIndex:
     def _grow(self, int64_t needed, allocate=None):
         """Room for ``needed`` ids: the cells reallocated (by ``allocate(shape,
         dtype)``, when given, even if they fit) and the ids added back."""
-        cdef int64_t capacity = self.capacity
-        while _over_load(needed, capacity):
-            capacity *= 2
-        if capacity == self.capacity and allocate is None:
+        if not _over_load(needed, self.capacity) and allocate is None:
             return
+        buckets = _buckets_for(needed)
+        if not _over_load(needed, self.capacity):
+            buckets = max(buckets, <int64_t>self._count)
         ids = self.ids_in_row_order()
-        self._allocate(capacity, allocate)
+        self._allocate(buckets, allocate)
         self.size = 0
         if ids.shape[0]:
             self.lookup_or_insert(ids)
@@ -265,13 +355,15 @@ cdef class IdIndex:
         """Every id, in row-number order (uint64)."""
         out = np.empty(self.size, dtype=np.uint64)
         cdef uint64_t[::1] ids = out
-        cdef int64_t pos, capacity = self.capacity
-        cdef int64_t* cell
+        cdef uint64_t b
+        cdef int j
+        cdef FFBucket* bucket
         with nogil:
-            for pos in range(capacity):
-                cell = self._cells + 2 * pos
-                if cell[1] >= 0:
-                    ids[cell[1]] = <uint64_t>cell[0]
+            for b in range(self._count):
+                bucket = self._buckets + b
+                for j in range(_SLOTS):
+                    if bucket.rows[j] != EMPTY:
+                        ids[bucket.rows[j]] = bucket.keys[j]
         return out
 
 
@@ -416,9 +508,9 @@ cdef Py_ssize_t _pull(IdIndex index, const uint64_t* keys, Py_ssize_t n, float[:
     # Two passes, so that the second knows the rows ahead and prefetches them
     # (each row and record is a cache miss of its own).
     for i in range(n):
-        if i + _AHEAD < n:
-            index._prefetch(keys[i + _AHEAD])
-        row = index._slot(keys[i])[1]
+        if i + _INDEX_AHEAD < n:
+            index._prefetch(keys[i + _INDEX_AHEAD])
+        row = index._row(keys[i])
         found[i] = row
         if row < 0:
             missing += 1

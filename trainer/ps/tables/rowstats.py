@@ -204,7 +204,7 @@ class PendingIds:
     @property
     def nbytes(self) -> int:
         """Bytes held by the arrays and the index."""
-        return self._count.nbytes + self._tick.nbytes + 16 * self._index.capacity
+        return self._count.nbytes + self._tick.nbytes + self._index.cells.nbytes
 
     def sight(self, ids: np.ndarray, tick: int) -> np.ndarray:
         """Counts one sighting of each of ``ids`` (distinct); returns the counts."""

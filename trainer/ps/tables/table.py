@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from datafeed.records.memory import release_free_memory
+
 from ...job.errors import CheckpointError
 from ._row_updates import adagrad_rows, sgd_rows
 from ._rows import IdIndex, count_row_steps, pull_rows
@@ -158,6 +160,9 @@ class SparseTable:
         if self.max_rows is not None:
             new = max(rows, min(new, self.max_rows))
         self._set_arrays([_grown(array, new) for array in self._arrays()])
+        # The arrays left behind are free heap the OS would never get back
+        # (glibc keeps freed chunks under 32 MiB): 9 bytes a row at 10M rows.
+        release_free_memory()
 
     def _insert(self, ids: np.ndarray) -> np.ndarray:
         """Row numbers of distinct ``ids``, adding missing rows at their initial
@@ -168,8 +173,11 @@ class SparseTable:
                 self._add_rows(self.name, ids[rows < 0])
                 rows = self._index.lookup(ids)
             return rows
-        before = self._index.size
+        before, cells = self._index.size, self._index.cells
         rows = self._index.lookup_or_insert(ids)
+        if self._index.cells is not cells:  # grown: the old cells are free heap
+            del cells
+            release_free_memory()
         if self._index.size > before:
             new = rows >= before
             new_rows = rows[new]
@@ -330,7 +338,7 @@ class SparseTable:
         array and index this table holds, allocated), ``evicted`` (by the
         budget, in all), ``max_rows`` (0: none) and ``pass``."""
         with self._lock:
-            nbytes = sum(a.nbytes for a in self._arrays()) + 16 * self._index.capacity
+            nbytes = sum(a.nbytes for a in self._arrays()) + self._index.cells.nbytes
             return {
                 "rows": self._index.size,
                 "pending": len(self._stats.pending),
