@@ -9,6 +9,10 @@ loading the base then the delta into a fresh table, their bytes on disk, and
 the process's resident memory growth per row of the table (VmRSS).
 
     python benchmarks/bench_table_lifecycle.py [--rows 1000000] [--saves]
+    python benchmarks/bench_table_lifecycle.py --sweep 100000000
+
+``--sweep ROWS`` grows one table from 1M rows to ROWS and prints its resident
+memory growth per row at every size 10% apart, and the worst over the best.
 
 ``--paddle-python .venv-paddle30/bin/python`` (``make bench-paddle-ps``) also
 runs Paddle 3.0.0's parameter server (``benchmarks/paddle_table_memory.py``):
@@ -170,6 +174,7 @@ def report(args: argparse.Namespace, ours: dict, theirs: dict | None) -> str:
         f"{ours['pull'] / 1e6:.1f} M / {ours['push'] / 1e6:.1f} M rows/s |",
         f"| bytes per row, allocated (`table_stats`) | {ours['allocated_per_row']:.1f} |",
         f"| resident memory growth per row (VmRSS) | {ours['rss_per_row']:.1f} |",
+        f"| of which the id index (allocated) | {ours['index_per_row']:.1f} |",
     ]
     if "saves" in ours:
         saved = ours["saves"]
@@ -225,6 +230,49 @@ def write(args: argparse.Namespace, ours: dict, theirs: dict | None) -> None:
     ), DOC)
 
 
+def sweep(largest: int) -> dict:
+    """Resident memory growth per row of one table grown from 1M rows to
+    ``largest`` in steps of 10%: each size's figure, and the largest over
+    the smallest."""
+    sizes, size = [], 1_000_000
+    while size <= largest:
+        sizes.append(size)
+        size = int(size * 1.1)
+    ids = np.arange(sizes[-1], dtype=np.int64) * 2654435761 + 7
+    before = rss()
+    table = SparseTable("sweep", DIM, OptimizerSpec("adagrad", {"lr": 0.05}))
+    per_row, done = {}, 0
+    for size in sizes:
+        for start in range(done, size, 100_000):
+            table.pull(ids[start:min(start + 100_000, size)], create=True)
+        done = size
+        if len(table) != size:
+            raise SystemExit(f"the table holds {len(table)} rows, not {size}")
+        per_row[size] = (rss() - before) / size
+        print(f"  {size:>12,} rows: {per_row[size]:.1f} bytes/row", flush=True)
+    best, worst = min(per_row.values()), max(per_row.values())
+    print(f"sweep 1M..{sizes[-1]:,} rows: {best:.1f}-{worst:.1f} bytes/row, "
+          f"worst/best {worst / best:.2f}")
+    return {"per_row": per_row, "best": best, "worst": worst}
+
+
+def sweep_report(args: argparse.Namespace, figures: dict, commit: str, load: float) -> str:
+    """The sweep's section of benchmarks/RESULTS.md."""
+    per_row = figures["per_row"]
+    largest = max(per_row)
+    return (
+        f"## Sparse table memory per row from 1M to {largest:,} rows "
+        f"(bench_table_lifecycle.py --sweep)\n\n"
+        f"`{results_file.command()}` at {commit}, 1-minute load average {load:.2f}: one "
+        f"table (dim {DIM}, Adagrad with per-element sums) grown by training pulls, its "
+        f"process's resident memory growth per row at every size 10% apart, each size "
+        f"checked to be held. Best {figures['best']:.1f}, worst {figures['worst']:.1f} "
+        f"bytes per row: **worst/best {figures['worst'] / figures['best']:.2f}**.\n\n"
+        "| rows | bytes per row |\n|---:|---:|\n"
+        + "".join(f"| {size:,} | {value:.1f} |\n" for size, value in per_row.items())
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -232,12 +280,22 @@ def main() -> None:
     parser.add_argument("--saves", action="store_true", help="time base and delta saves")
     parser.add_argument("--paddle-python", help="Paddle 3.0.0's python: measure its table too")
     parser.add_argument("--no-write", action="store_true", help="print the figures only")
+    parser.add_argument("--sweep", type=int, metavar="ROWS",
+                        help="only the memory per row from 1M rows to ROWS, 10%% apart")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.sweep:
+        commit, load = results_file.commit(), results_file.load_average()
+        figures = sweep(args.sweep)
+        if not args.no_write:
+            results_file.write_section("table_memory_sweep",
+                                       sweep_report(args, figures, commit, load))
+        return
     ours = {"commit": results_file.commit(), "load": results_file.load_average()}
+    # The ids exist before the baseline: the growth is the table's alone.
+    ids = np.arange(args.rows, dtype=np.int64) * 2654435761 + 7
     before = rss()
     table = SparseTable("bench", DIM, OptimizerSpec("adagrad", {"lr": 0.05}))
-    ids = np.arange(args.rows, dtype=np.int64) * 2654435761 + 7
     for start in range(0, args.rows, 100_000):
         table.pull(ids[start:start + 100_000], create=True)
     grown = rss() - before
@@ -256,7 +314,8 @@ def main() -> None:
     if stats["rows"] != args.rows:
         raise SystemExit(f"table_stats counts {stats['rows']} rows, not {args.rows}")
     ours.update(rows=stats["rows"], allocated_per_row=stats["bytes"] / stats["rows"],
-                rss_per_row=grown / stats["rows"])
+                rss_per_row=grown / stats["rows"],
+                index_per_row=table._index.cells.nbytes / stats["rows"])
     print(f"bytes per row (allocated): {ours['allocated_per_row']:.1f}; resident memory "
           f"growth: {ours['rss_per_row']:.1f}")
     if args.saves:
