@@ -2,7 +2,8 @@
 
 A restructuring must leave every benchmark no slower. This runs the figures that
 the benchmarks report (engine load/shuffle/batches, the three end-to-end load
-paths, the generator, global_shuffle, the parameter server) for a BEFORE tree and
+paths, the generator, global_shuffle, the parameter server, the small CTR model,
+a sparse table of 10M ids) for a BEFORE tree and
 an AFTER tree, alternating the two in fresh processes (ABBA order, so that a
 machine getting busier or quieter does not favour one side), and prints medians
 and AFTER/BEFORE ratios.
@@ -35,7 +36,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "compare_trees.md"
-ALL_BENCHMARKS = ["engine", "speed", "generator", "global_shuffle", "ps", "small_ctr"]
+ALL_BENCHMARKS = [
+    "engine", "speed", "generator", "global_shuffle", "ps", "small_ctr", "table",
+]
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,33 @@ def parameter_server(records: int) -> Benchmark:
     )
 
 
+def sparse_table(rows: int) -> Benchmark:
+    """One sparse table of ``rows`` ids (bench_table_lifecycle.py): pull and
+    push rates, and the bytes per row it allocates (the figure both trees'
+    scripts print the same way)."""
+
+    def extract(stdout: str) -> dict[str, float]:
+        rates = re.search(r"pull ([\d.]+) M rows/s, push ([\d.]+) M rows/s", stdout)
+        allocated = re.search(r"bytes per row \(allocated\): ([\d.]+)", stdout)
+        if rates is None or allocated is None:
+            raise ValueError("no pull/push rates or bytes per row in the output")
+        return {
+            "table pull": float(rates[1]) * 1e6, "table push": float(rates[2]) * 1e6,
+            "table bytes per row": float(allocated[1]),
+        }
+
+    return Benchmark(
+        f"sparse table of {rows:,} ids, dim 8, Adagrad (benchmarks/bench_table_lifecycle.py)",
+        [Figure("table pull", "rows/s", True), Figure("table push", "rows/s", True),
+         Figure("table bytes per row", "bytes (allocated)", False)],
+        lambda tree: [
+            str(tree / "benchmarks" / "bench_table_lifecycle.py"), "--no-write",
+            "--rows", str(rows),
+        ],
+        extract,
+    )
+
+
 def run_once(bench: Benchmark, tree: Path) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     started = time.monotonic()
@@ -297,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "global_shuffle": [global_shuffle(500_000)],
         "ps": [parameter_server(20_000)],
         "small_ctr": [small_ctr_local(small_files, small_held, t) for t in (1, 2)],
+        "table": [sparse_table(10_000_000)],
     }
     lines = [
         "# Two trees side by side",
