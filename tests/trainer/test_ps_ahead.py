@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+import zmq
 from support import InProcessServers
 from torch import nn
 
@@ -438,3 +439,31 @@ def test_the_strategy_carries_pull_ahead_and_send_queue_size():
         strategy.a_sync_configs = {"send_queue_size": 0}
     with pytest.raises(TrainerError, match="pull_ahead"):
         AsyncMode(pull_ahead=-2)
+
+
+def test_a_dropped_pull_to_a_server_that_never_answers_holds_nothing():
+    # A ROUTER that takes requests and never answers: the worker's transport
+    # must not keep a call that nobody waits for.
+    from support import reserved_ports
+
+    from trainer.ps import server as handlers
+    from trainer.ps import transport
+
+    context = zmq.Context()
+    with reserved_ports(1) as (port,):
+        silent = context.socket(zmq.ROUTER)
+        silent.linger = 0
+        silent.bind(f"tcp://127.0.0.1:{port}")
+        servers = transport.ServerSet([f"127.0.0.1:{port}"], None, timeout=30)
+        try:
+            ids = torch.zeros(2, dtype=torch.int64)
+            future = servers.call_async(0, handlers.pull_tables, ["t"], ids, False)
+            assert silent.poll(10_000) and silent.recv_multipart()  # it arrived
+            assert not future.done() and len(servers._pending) == 1
+            servers.forget(future)
+            assert future.cancelled() and not servers._pending
+            servers.forget(future)  # twice: nothing to forget
+        finally:
+            servers.close()
+            silent.close()
+            context.term()

@@ -64,7 +64,7 @@ from .train_loop import PassStopped
 __all__ = ["ProcessPassSetup", "close_workers", "prepare", "run_processes", "worker_pids"]
 
 # What sharing the tables' indexes may take, as a fraction of the memory
-# available: an index holds 32-64 bytes per row it has room for.
+# available: an index holds 14-18 bytes per row it has room for (counted as 18).
 _INDEX_MEMORY_FRACTION = 0.25
 # Threads a fork may copy: tqdm's progress-bar monitor (a bar left open keeps
 # it alive) holds only tqdm's lock, which the forked trainers never take.
@@ -108,7 +108,7 @@ def prepare(
             return f"table '{table.name}' has an entry or a row budget", None
     ids = _distinct_ids(dataset) if tables else np.zeros(0, dtype=np.uint64)
     room = {name: rows_missing(table, ids) for name, table in tables.items()}
-    needed = sum(64 * (len(table) + room[name]) for name, table in tables.items())
+    needed = sum(18 * (len(table) + room[name]) for name, table in tables.items())
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > _INDEX_MEMORY_FRACTION * available:
         return (
