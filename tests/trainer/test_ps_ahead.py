@@ -81,8 +81,10 @@ class SumOfRows(nn.Module):
         return {"loss": rows.sum() + self.bias.sum()}
 
 
-def job(model: SumOfRows, pull_ahead: int | None, servers_cls=InProcessServers):
-    """An async worker of one in-process server: its optimizer and servers."""
+def job(model: SumOfRows, pull_ahead: int | None, servers_cls=InProcessServers,
+        max_pushes: int = 16):
+    """An async worker of one in-process server: its optimizer and servers
+    (``max_pushes``: above the default 2, so that the depth bounds them)."""
     torch_opt = torch.optim.SGD(model.parameters(), lr=1.0)
     spec = OptimizerSpec.from_torch(torch_opt)
     dense = nn.Parameter(torch.zeros(1))
@@ -90,7 +92,7 @@ def job(model: SumOfRows, pull_ahead: int | None, servers_cls=InProcessServers):
         0, 1, 1, "async", {model.emb.name: model.emb.config.make_table(spec)},
         [dense], torch.optim.SGD([dense], lr=1.0),
     )
-    mode = AsyncMode(pull_ahead)
+    mode = AsyncMode(pull_ahead, max_pushes)
     mode.use(torch_opt, [model.bias])
     servers = servers_cls([server])
     stores.install_store(mode.connect(WorkerLink(0, servers, lambda c: c.make_table(spec))))
@@ -321,12 +323,13 @@ def test_a_step_waits_only_when_its_bound_of_pushes_is_in_flight(restore_store):
     assert ahead.thread_depth() == 1 and mode.pushes_in_flight() == 1
 
 
-def test_send_queue_size_caps_the_pushes_in_flight(restore_store):
+def test_the_push_bound_caps_the_pushes_in_flight(restore_store):
     model = SumOfRows("ahead_cap")
     _, mode, _, _ = job(model, pull_ahead=8)
-    mode.send_queue_size = 2
     pass_of_this_thread = ahead.PullAhead(stores.current_store(), stores.distinct_of)
-    assert ahead.thread_depth() == 8 and mode.pushes_in_flight() == 2
+    assert ahead.thread_depth() == 8 and mode.pushes_in_flight() == 8
+    mode.max_pushes = 2
+    assert mode.pushes_in_flight() == 2
     pass_of_this_thread.close()
     assert mode.pushes_in_flight() == 1
 
@@ -426,17 +429,19 @@ def test_the_depth_stays_low_when_the_server_is_the_limit(restore_store):
     np.testing.assert_allclose(rows, initial_rows(model) - total, rtol=0, atol=1e-4)
 
 
-def test_the_strategy_carries_pull_ahead_and_send_queue_size():
+def test_the_strategy_carries_pull_ahead_and_the_push_bound():
     strategy = DistributedStrategy()
-    assert async_settings(strategy) == (None, 16)
-    strategy.a_sync_configs = {"pull_ahead": 0, "send_queue_size": 4}
-    assert async_settings(strategy) == (0, 4)
+    assert async_settings(strategy) == (None, 2)
+    strategy.a_sync_configs = {"pull_ahead": 0, "send_queue_size": 4, "pushes_in_flight": 8}
+    assert async_settings(strategy) == (0, 4)  # send_queue_size caps it
+    strategy.a_sync_configs = {"pushes_in_flight": 3}
     mode = distributed_mode("async", 0, *async_settings(strategy))
-    assert (mode.pull_ahead, mode.send_queue_size) == (0, 4)
+    assert (mode.pull_ahead, mode.max_pushes) == (0, 3)
     with pytest.raises(ValueError, match=r"pull_ahead.*got 17"):
         strategy.a_sync_configs = {"pull_ahead": 17}
-    with pytest.raises(ValueError, match=r"send_queue_size.*got 0"):
-        strategy.a_sync_configs = {"send_queue_size": 0}
+    for key in ("send_queue_size", "pushes_in_flight"):
+        with pytest.raises(ValueError, match=rf"{key}.*got 0"):
+            strategy.a_sync_configs = {key: 0}
     with pytest.raises(TrainerError, match="pull_ahead"):
         AsyncMode(pull_ahead=-2)
 

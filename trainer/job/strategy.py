@@ -43,6 +43,12 @@ _A_SYNC_DEFAULTS: dict[str, Any] = {
     # forwards (trainer/embedding/ahead.py). -1: as many as the measured round
     # trip needs; 0: none (each forward waits for its pull); n: n batches.
     "pull_ahead": -1,
+    # fleetfeed's own: the most pushes a training thread keeps in flight while
+    # its pulls go ahead (at most send_queue_size). Each one more lets the
+    # worker's dense parameters lag a step more: 16 workers of the small CTR
+    # model on one server trained to AUC 0.854 with 1-3, and diverged (0.50)
+    # with 16 (benchmarks/bench_ps_scale.py).
+    "pushes_in_flight": 2,
 }
 
 _ATTRIBUTES = ("a_sync", "a_sync_configs", "find_unused_parameters", "trainer_desc_configs")
@@ -149,10 +155,8 @@ class DistributedStrategy:
                     f"a_sync_configs['pull_ahead'] must be -1 (from the round trip), 0 (off) "
                     f"or a number of batches up to {PULL_AHEAD_MAX}, got {value}"
                 )
-            if key == "send_queue_size" and value < 1:
-                raise ValueError(
-                    f"a_sync_configs['send_queue_size'] must be >= 1, got {value}"
-                )
+            if key in ("send_queue_size", "pushes_in_flight") and value < 1:
+                raise ValueError(f"a_sync_configs[{key!r}] must be >= 1, got {value}")
         self._a_sync_configs.update(configs)
 
     # -- find_unused_parameters ----------------------------------------------------
@@ -351,17 +355,21 @@ def parameter_server_mode(strategy: Any) -> tuple[str, int]:
 
 
 def async_settings(strategy: Any) -> tuple[int | None, int]:
-    """Async mode's ``(pull_ahead, send_queue_size)`` from a strategy's
+    """Async mode's ``(pull_ahead, max_pushes)`` from a strategy's
     ``a_sync_configs``: ``pull_ahead`` None where it is -1 or unset (chosen
-    from the round trip); the defaults where a strategy lacks them."""
+    from the round trip); ``max_pushes`` the lower of ``pushes_in_flight`` and
+    ``send_queue_size``. The defaults where a strategy lacks them."""
     configs = getattr(strategy, "a_sync_configs", None) or {}
     if not isinstance(configs, dict):
         configs = {}
-    ahead = configs.get("pull_ahead", _A_SYNC_DEFAULTS["pull_ahead"])
-    queue = configs.get("send_queue_size", _A_SYNC_DEFAULTS["send_queue_size"])
-    if type(ahead) is not int or type(queue) is not int:
-        raise TrainerError(
-            f"a_sync_configs['pull_ahead'] and ['send_queue_size'] must be ints, got "
-            f"{ahead!r} and {queue!r}"
-        )
-    return (None if ahead == -1 else ahead), queue
+    values = {
+        key: configs.get(key, _A_SYNC_DEFAULTS[key])
+        for key in ("pull_ahead", "send_queue_size", "pushes_in_flight")
+    }
+    for key, value in values.items():
+        if type(value) is not int:
+            raise TrainerError(f"a_sync_configs[{key!r}] must be an int, got {value!r}")
+    ahead = values["pull_ahead"]
+    return (None if ahead == -1 else ahead), min(
+        values["send_queue_size"], values["pushes_in_flight"]
+    )

@@ -156,8 +156,8 @@ class AsyncMode(TrainingMode):
 
     A thread's pushes stay in flight while it trains the next batches, up to
     a bound: the depth its pulls are sent ahead (trainer/embedding/ahead.py;
-    1 when they are not), at most ``send_queue_size``. A step with that many
-    in flight first waits for the oldest; each push answered gives the dense
+    1 when they are not), at most ``max_pushes``. A step with that many in
+    flight first waits for the oldest; each push answered gives the dense
     values after it, taken in the order sent. So the servers apply pushes
     while the worker computes, and a worker's dense parameters lag by at most
     that bound of its own steps, beyond what async mode's arrival order
@@ -167,26 +167,26 @@ class AsyncMode(TrainingMode):
     Args:
         pull_ahead: batches whose pulls are sent ahead of their forwards
             (None: from the measured round trip; 0: none).
-        send_queue_size: the most pushes of a thread in flight (Paddle's
-            ``a_sync_configs`` key of that name: the gradients a worker may
-            hold unsent).
+        max_pushes: the most pushes of a thread in flight
+            (``a_sync_configs["pushes_in_flight"]``, at most Paddle's
+            ``send_queue_size``: the gradients a worker may hold unsent).
     """
 
     name = "async"
 
-    def __init__(self, pull_ahead: int | None = None, send_queue_size: int = 16) -> None:
+    def __init__(self, pull_ahead: int | None = None, max_pushes: int = 2) -> None:
         super().__init__()
         if pull_ahead is not None and not 0 <= pull_ahead <= MAX_DEPTH:
             raise TrainerError(
                 f"a_sync_configs['pull_ahead'] must be -1 (from the round trip), 0 (off) or "
                 f"at most {MAX_DEPTH} batches, got {pull_ahead}"
             )
-        if send_queue_size < 1:
+        if max_pushes < 1:
             raise TrainerError(
-                f"a_sync_configs['send_queue_size'] must be >= 1, got {send_queue_size}"
+                f"a_sync_configs['pushes_in_flight'] must be >= 1, got {max_pushes}"
             )
         self.pull_ahead = pull_ahead
-        self.send_queue_size = send_queue_size
+        self.max_pushes = max_pushes
         self._lock = threading.Lock()
         # thread -> its pushes in flight, oldest first (each: one future per server)
         self._pushes: dict[int, collections.deque[list[Any]]] = {}
@@ -212,8 +212,8 @@ class AsyncMode(TrainingMode):
     def pushes_in_flight(self) -> int:
         """The most pushes the calling thread may have in flight now: the
         depth its pulls go ahead (1 outside such a pass), at most
-        ``send_queue_size``."""
-        return max(1, min(self.send_queue_size, thread_depth()))
+        ``max_pushes``."""
+        return max(1, min(self.max_pushes, thread_depth()))
 
     def connect(self, link: WorkerLink) -> stores.RowStore:
         """A ``RemoteStore`` whose training pulls name this worker: each server
@@ -401,15 +401,15 @@ class GeoMode(TrainingMode):
 
 
 def distributed_mode(
-    name: str, k_steps: int = 0, pull_ahead: int | None = None, send_queue_size: int = 16
+    name: str, k_steps: int = 0, pull_ahead: int | None = None, max_pushes: int = 2
 ) -> TrainingMode:
     """A new mode object for a strategy's mode name (``"async"``, ``"sync"``,
     ``"geo"``, as ``trainer.job.strategy.parameter_server_mode`` returns it);
-    ``pull_ahead`` and ``send_queue_size``: async mode's (``AsyncMode``)."""
+    ``pull_ahead`` and ``max_pushes``: async mode's (``AsyncMode``)."""
     if name == GeoMode.name:
         return GeoMode(k_steps)
     if name == AsyncMode.name:
-        return AsyncMode(pull_ahead, send_queue_size)
+        return AsyncMode(pull_ahead, max_pushes)
     if name == SyncMode.name:
         return SyncMode()
     raise TrainerError(f"strategy.mode must be one of ('async', 'sync', 'geo'), got {name!r}")
