@@ -18,7 +18,8 @@ memory growth per row at every size 10% apart, and the worst over the best.
 runs Paddle 3.0.0's parameter server (``benchmarks/paddle_table_memory.py``):
 one server, one worker pulling and pushing the same number of distinct ids
 through a ``memory_sparse_table`` of dim 8 with Adagrad, and reports the
-server's resident memory growth per row beside ours.
+server's resident memory growth per row beside ours, measured the same way
+(``benchmarks/fleetfeed_table_memory.py``: our server process).
 
 Each side is checked before it reports: our table must hold ``--rows`` rows
 (``len`` and ``stats()``), Paddle's server must report as many
@@ -157,6 +158,24 @@ def paddle(python: str, rows: int) -> dict:
     return figures
 
 
+def server_process(rows: int) -> dict:
+    """Our table's memory per row as a server process, by fleetfeed_table_memory.py
+    (Paddle's procedure: one server, one worker; fails unless the server holds
+    all ``rows``)."""
+    script = Path(__file__).resolve().parent / "fleetfeed_table_memory.py"
+    result = subprocess.run([sys.executable, str(script), str(rows)], capture_output=True,
+                            text=True, timeout=3600, check=False)
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
+    if result.returncode or not lines:
+        raise SystemExit(f"fleetfeed_table_memory.py failed (exit {result.returncode}): "
+                         f"{result.stderr[-2000:]}")
+    figures = json.loads(lines[-1])
+    figures["bytes_per_row"] = figures["growth"] / rows
+    print(f"fleetfeed server process: {rows} ids pulled and pushed, {figures['rows_held']} "
+          f"rows held, server RSS growth {figures['bytes_per_row']:.1f} bytes/row")
+    return figures
+
+
 def report(args: argparse.Namespace, ours: dict, theirs: dict | None) -> str:
     """This script's section of benchmarks/RESULTS.md."""
     lines = [
@@ -202,6 +221,8 @@ def paddle_paragraph(rows: int, ours: dict, theirs: dict) -> str:
     if "failure" in theirs:
         return f"Paddle 3.0.0 (`benchmarks/paddle_table_memory.py`): failed, {theirs['failure']}."
     ratio = ours["rss_per_row"] / theirs["bytes_per_row"]
+    server = ours["server"]
+    server_ratio = server["bytes_per_row"] / theirs["bytes_per_row"]
     return (
         f"Paddle 3.0.0 (`benchmarks/paddle_table_memory.py`, `.venv-paddle30`): one server "
         f"and one worker; `memory_sparse_table` with `{theirs['accessor']}` and "
@@ -210,9 +231,11 @@ def paddle_paragraph(rows: int, ours: dict, theirs: dict) -> str:
         f"{theirs['rows_held']:,} rows (1-minute load average {theirs['load']:.2f}): its "
         f"VmRSS grew {theirs['growth'] / MB:,.1f} MB, **{theirs['bytes_per_row']:.1f} bytes "
         f"per row** ({theirs['seconds']:.1f} s). Ours: **{ours['rss_per_row']:.1f} bytes per "
-        f"row**, {ratio:.2f}x Paddle's (our table in one process, Paddle's in its server "
-        f"process; ours keeps a per-element Adagrad sum, {4 * DIM} bytes a row, where "
-        f"Paddle's rule keeps one per row)."
+        f"row**, {ratio:.2f}x Paddle's (our table in one process; ours keeps a per-element "
+        f"Adagrad sum, {4 * DIM} bytes a row, where Paddle's rule keeps one per row). As a "
+        f"server process the same way (`benchmarks/fleetfeed_table_memory.py`: one server, "
+        f"one worker, the same ids in the same steps, {server['rows_held']:,} rows held): "
+        f"**{server['bytes_per_row']:.1f} bytes per row, {server_ratio:.2f}x Paddle's**."
     )
 
 
@@ -222,12 +245,13 @@ def write(args: argparse.Namespace, ours: dict, theirs: dict | None) -> None:
     if theirs is None or "failure" in theirs:
         return
     results_file.write_section("table_memory", (
-        f"At {args.rows:,} ids the resident memory growth per row is "
-        f"{ours['rss_per_row']:.1f} bytes against {theirs['bytes_per_row']:.1f} for Paddle "
-        f"3.0.0's own sparse table on the same ids, both checked to hold every row "
-        f"(`{results_file.command()}` at {ours['commit']}, 1-minute load average "
-        f"{ours['load']:.2f}; our table in one process, Paddle's in its server; "
-        f"`benchmarks/RESULTS.md`)."
+        f"At {args.rows:,} ids a server process's resident memory grows "
+        f"{ours['server']['bytes_per_row']:.1f} bytes per row against "
+        f"{theirs['bytes_per_row']:.1f} for Paddle 3.0.0's own sparse table on the same ids "
+        f"({ours['server']['bytes_per_row'] / theirs['bytes_per_row']:.2f}x), both measured "
+        f"the same way and checked to hold every row; our table alone, in one process, "
+        f"{ours['rss_per_row']:.1f} (`{results_file.command()}` at {ours['commit']}, "
+        f"1-minute load average {ours['load']:.2f}; `benchmarks/RESULTS.md`)."
     ), DOC)
 
 
@@ -328,6 +352,8 @@ def main() -> None:
     if args.saves:
         ours["saves"] = saves(table, ids)
     theirs = paddle(args.paddle_python, args.rows) if args.paddle_python else None
+    if theirs is not None:
+        ours["server"] = server_process(args.rows)
     table.set_pass(1)
     table.pull(ids[: args.rows // 2], create=True)
     table.set_pass(3)
