@@ -64,6 +64,10 @@ class SparseEmbedding(nn.Module):
             decayed show/click score under ``delete_threshold``).
         max_rows: the table's row budget (all servers together): past it the
             least recently seen rows are evicted. None: no bound.
+        storage: ``"float32"`` (the default) or ``"float16"``: the table keeps
+            its rows and Adagrad sums as 16-bit floats, half the bytes a row
+            (SGD and Adagrad tables; updates computed in float32 and rounded).
+            Forwards, saves and loads see float32 values.
 
     Input: a ``datafeed.Ragged`` (a sparse slot of a batch) -> ``[size, dim]``,
     pooled per record; or an int64 tensor of ids -> ``ids.shape + (dim,)``.
@@ -90,6 +94,7 @@ class SparseEmbedding(nn.Module):
         entry: EntryAttr | None = None,
         accessor: CtrAccessorParam | None = None,
         max_rows: int | None = None,
+        storage: str = "float32",
     ) -> None:
         super().__init__()
         if not isinstance(dim, int) or dim < 1:
@@ -98,8 +103,18 @@ class SparseEmbedding(nn.Module):
             raise ValueError(f"SparseEmbedding name must be a non-empty str, got {name!r}")
         if mode not in ("sum", "mean"):
             raise ValueError(f"SparseEmbedding mode must be 'sum' or 'mean', got {mode!r}")
+        if storage not in ("float32", "float16"):
+            raise ValueError(
+                f"SparseEmbedding '{name}': storage must be 'float32' or 'float16', got "
+                f"{storage!r}"
+            )
         if optimizer is not None:  # fail now, not on the first push
-            OptimizerSpec.from_config(optimizer)
+            spec = OptimizerSpec.from_config(optimizer)
+            if storage == "float16" and spec.kind not in ("sgd", "adagrad"):
+                raise ValueError(
+                    f"SparseEmbedding '{name}': storage='float16' keeps SGD and Adagrad "
+                    f"tables, got optimizer {spec.kind!r}"
+                )
         if entry is not None and not isinstance(entry, EntryAttr):
             raise TypeError(
                 f"SparseEmbedding '{name}': entry must be a CountFilterEntry, ProbabilityEntry "
@@ -122,7 +137,7 @@ class SparseEmbedding(nn.Module):
         self.config = TableConfig(
             name, dim, int(seed), float(init_scale),
             None if optimizer is None else dict(optimizer),
-            entry, accessor or CtrAccessorParam(), max_rows,
+            entry, accessor or CtrAccessorParam(), max_rows, storage,
         )
         tables.register(self, self.config)
 

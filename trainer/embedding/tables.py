@@ -42,7 +42,9 @@ class TableConfig:
 
     ``entry``, ``accessor`` and ``max_rows``: the table's lifecycle
     (``trainer.ps.tables.entries``; ``max_rows`` is the whole table's budget, split
-    evenly among the servers).
+    evenly among the servers). ``storage``: how the table (on the servers, or
+    in this process) keeps its rows (``SparseTable``'s ``storage``); a GEO
+    worker's local copy is float32 whatever it says.
     """
 
     name: str
@@ -53,6 +55,7 @@ class TableConfig:
     entry: EntryAttr | None = None
     accessor: CtrAccessorParam = CtrAccessorParam()
     max_rows: int | None = None
+    storage: str = "float32"
 
     def spec(self, default: OptimizerSpec | None) -> OptimizerSpec:
         """The table's optimizer: its override, else ``default``, else SGD(lr=0.01)."""
@@ -75,13 +78,14 @@ class TableConfig:
         return SparseTable(
             self.name, self.dim, self.spec(default), self.seed, self.init_scale,
             entry=self.entry if lifecycle else None, accessor=self.accessor, max_rows=budget,
+            storage=self.storage if lifecycle else "float32",
         )
 
     def same_table(self, table: SparseTable) -> bool:
         """Whether ``table`` was made from settings equal to these (local mode)."""
         return (table.dim, table.seed, table.init_scale, table.entry, table.accessor) == (
             self.dim, self.seed, self.init_scale, self.entry, self.accessor
-        ) and table.max_rows == self.max_rows
+        ) and table.max_rows == self.max_rows and table.storage == self.storage
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as plain JSON values (a checkpoint's ``meta.json``)."""

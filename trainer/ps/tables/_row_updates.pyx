@@ -24,7 +24,10 @@ from trainer.ps.tables._rows cimport (
     RowStat,
     __builtin_prefetch,
     _check_record_rows,
+    _get,
+    _put,
     _records,
+    row_t,
 )
 
 from trainer.ps.tables._rows import _record_bytes
@@ -131,7 +134,7 @@ cdef Py_ssize_t _records_of(const int64_t[::1] inverse, offsets, Py_ssize_t coun
     return records
 
 
-def adagrad_rows(float[:, ::1] weights, float[:, ::1] state_sum, int64_t[::1] rows,
+def adagrad_rows(row_t[:, ::1] weights, row_t[:, ::1] state_sum, int64_t[::1] rows,
                  float[:, ::1] grads, float lr, float eps, float weight_decay, records=None):
     """torch.optim.Adagrad's step (lr_decay 0) on ``weights[rows]`` in place,
     ``state_sum`` its squared-gradient sums. ``rows`` must be distinct. Given
@@ -144,19 +147,19 @@ def adagrad_rows(float[:, ::1] weights, float[:, ::1] state_sum, int64_t[::1] ro
     _update_rows(weights, state_sum, rows, grads, lr, eps, weight_decay, records)
 
 
-def sgd_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads, float lr,
+def sgd_rows(row_t[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads, float lr,
              float weight_decay, records=None):
     """torch.optim.SGD's step (no momentum) on ``weights[rows]`` in place.
     Given ``records`` (ROW_STATS_DTYPE), each row is flagged changed there."""
     _update_rows(weights, None, rows, grads, lr, 0.0, weight_decay, records)
 
 
-cdef _update_rows(float[:, ::1] weights, state_sum, int64_t[::1] rows, float[:, ::1] grads,
+cdef _update_rows(row_t[:, ::1] weights, state_sum, int64_t[::1] rows, float[:, ::1] grads,
                   float lr, float eps, float weight_decay, records):
     """``adagrad_rows`` (``state_sum`` given, its shape checked) or ``sgd_rows`` (None)."""
     cdef Py_ssize_t i, dim = weights.shape[1]
     cdef int64_t row
-    cdef float[:, ::1] state
+    cdef row_t[:, ::1] state
     cdef bint adagrad = state_sum is not None
     if adagrad:
         state = state_sum
@@ -186,7 +189,7 @@ cdef _update_rows(float[:, ::1] weights, state_sum, int64_t[::1] rows, float[:, 
                 _sgd_row(&weights[row, 0], &grads[i, 0], dim, lr, weight_decay)
 
 
-def push_pooled(float[:, ::1] weights, state_sum, const int64_t[::1] rows,
+def push_pooled(row_t[:, ::1] weights, state_sum, const int64_t[::1] rows,
                 const float[:, ::1] grad, const int64_t[::1] positions, offsets, bint mean,
                 float lr, float eps, float weight_decay, records):
     """``unpool_rows`` and ``adagrad_rows`` (``state_sum`` given) or ``sgd_rows``
@@ -202,7 +205,7 @@ def push_pooled(float[:, ::1] weights, state_sum, const int64_t[::1] rows,
             f"expected the gradient of {records_count} records of {dim}, "
             f"got ({grad.shape[0]}, {grad.shape[1]})"
         )
-    cdef float[:, ::1] state
+    cdef row_t[:, ::1] state
     cdef bint adagrad = state_sum is not None
     if adagrad:
         state = state_sum
@@ -243,33 +246,37 @@ def push_pooled(float[:, ::1] weights, state_sum, const int64_t[::1] rows,
     free(scratch)
 
 
-cdef inline void _adagrad_row(float* weights, float* state_sum, const float* grads,
+cdef inline void _adagrad_row(row_t* weights, row_t* state_sum, const float* grads,
                               Py_ssize_t dim, float lr, float eps,
                               float weight_decay) noexcept nogil:
-    """torch.optim.Adagrad's step (lr_decay 0) on one row."""
+    """torch.optim.Adagrad's step (lr_decay 0) on one row, in float32
+    whatever the row is stored as."""
     cdef Py_ssize_t j
-    cdef float g
+    cdef float g, w, total
     for j in range(dim):
         g = grads[j]
+        w = _get(weights, j)
         if weight_decay != 0:
-            g = g + weight_decay * weights[j]
-        state_sum[j] += g * g
-        weights[j] -= lr * (g / (sqrtf(state_sum[j]) + eps))
+            g = g + weight_decay * w
+        total = _get(state_sum, j) + g * g
+        _put(state_sum, j, total)
+        _put(weights, j, w - lr * (g / (sqrtf(total) + eps)))
 
 
-cdef inline void _sgd_row(float* weights, const float* grads, Py_ssize_t dim, float lr,
+cdef inline void _sgd_row(row_t* weights, const float* grads, Py_ssize_t dim, float lr,
                           float weight_decay) noexcept nogil:
     """torch.optim.SGD's step (no momentum) on one row."""
     cdef Py_ssize_t j
-    cdef float g
+    cdef float g, w
     for j in range(dim):
         g = grads[j]
+        w = _get(weights, j)
         if weight_decay != 0:
-            g = g + weight_decay * weights[j]
-        weights[j] -= lr * g
+            g = g + weight_decay * w
+        _put(weights, j, w - lr * g)
 
 
-cdef _check_rows(float[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads):
+cdef _check_rows(row_t[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads):
     if grads.shape[0] != rows.shape[0] or grads.shape[1] != weights.shape[1]:
         raise ValueError(
             f"expected gradients of shape ({rows.shape[0]}, {weights.shape[1]}), "

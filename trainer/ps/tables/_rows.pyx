@@ -390,7 +390,7 @@ def unique_inverse(ids):
     return unique_array[:count].view(array.dtype), inverse_array
 
 
-def pull_rows(IdIndex index, ids, float[:, ::1] weights, out, records, uint32_t tick):
+def pull_rows(IdIndex index, ids, row_t[:, ::1] weights, out, records, uint32_t tick):
     """One pull's pass over distinct ``ids``: each id's row number (-1 where
     absent), a copy of each row found into ``out`` (float32 [len(ids), dim];
     None: no copy) and, given ``records`` (the table's ROW_STATS_DTYPE
@@ -411,7 +411,7 @@ def pull_rows(IdIndex index, ids, float[:, ::1] weights, out, records, uint32_t 
             )
     raw_records = _record_bytes(records)
     cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = _pulled_records(index, weights, records, raw)
+    cdef RowStat* stats = _pulled_records(index, weights.shape[0], records, raw)
     found_array = np.empty(n, dtype=np.int64)
     cdef int64_t[::1] found = found_array
     cdef Py_ssize_t missing
@@ -422,7 +422,7 @@ def pull_rows(IdIndex index, ids, float[:, ::1] weights, out, records, uint32_t 
     return found_array, missing
 
 
-def pull_values(IdIndex index, values, float[:, ::1] weights, records, uint32_t tick):
+def pull_values(IdIndex index, values, row_t[:, ::1] weights, records, uint32_t tick):
     """A training pull of a batch's ids as they come, repeats included:
     ``unique_inverse`` and ``pull_rows`` in one call. Returns ``(unique,
     inverse, rows, out, missing)``: the distinct ids (uint64, in order of
@@ -433,7 +433,7 @@ def pull_values(IdIndex index, values, float[:, ::1] weights, records, uint32_t 
     cdef Py_ssize_t n = keys.shape[0], dim = weights.shape[1]
     raw_records = _record_bytes(records)
     cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = _pulled_records(index, weights, records, raw)
+    cdef RowStat* stats = _pulled_records(index, weights.shape[0], records, raw)
     cdef int64_t capacity = 16
     while capacity < 2 * n:
         capacity *= 2
@@ -462,11 +462,10 @@ def pull_values(IdIndex index, values, float[:, ::1] weights, records, uint32_t 
     return unique_array[:count], inverse_array, found_array[:count], out_array, missing
 
 
-cdef RowStat* _pulled_records(IdIndex index, float[:, ::1] weights, records,
+cdef RowStat* _pulled_records(IdIndex index, int64_t allocated, records,
                               uint8_t[::1] raw) except? NULL:
     """The statistics records a pull counts in (NULL: none), checked against
-    the table's rows."""
-    cdef int64_t allocated = weights.shape[0]
+    the table's ``allocated`` rows."""
     cdef RowStat* stats = _records(records, raw) if records is not None else NULL
     if records is not None and records.shape[0] < allocated:
         raise ValueError(
@@ -496,13 +495,13 @@ cdef Py_ssize_t _distinct(const uint64_t* keys, Py_ssize_t n, int64_t* slots, ui
     return count
 
 
-cdef Py_ssize_t _pull(IdIndex index, const uint64_t* keys, Py_ssize_t n, float[:, ::1] weights,
+cdef Py_ssize_t _pull(IdIndex index, const uint64_t* keys, Py_ssize_t n, row_t[:, ::1] weights,
                       float* copy_to, RowStat* stats, uint32_t tick,
                       int64_t* found) noexcept nogil:
     """``pull_rows``' loops: row numbers into ``found``, rows found copied to
     ``copy_to`` (row-major [n, dim]; NULL: none), counted in ``stats`` (NULL:
     not counted). Returns the number of absent ids."""
-    cdef Py_ssize_t i, dim = weights.shape[1]
+    cdef Py_ssize_t i, j, dim = weights.shape[1]
     cdef int64_t row
     cdef Py_ssize_t missing = 0
     # Two passes, so that the second knows the rows ahead and prefetches them
@@ -526,7 +525,11 @@ cdef Py_ssize_t _pull(IdIndex index, const uint64_t* keys, Py_ssize_t n, float[:
             if row < 0:
                 continue
             if copy_to != NULL:
-                memcpy(copy_to + i * dim, &weights[row, 0], dim * sizeof(float))
+                if row_t is float:
+                    memcpy(copy_to + i * dim, &weights[row, 0], dim * sizeof(float))
+                else:
+                    for j in range(dim):
+                        copy_to[i * dim + j] = _get(&weights[row, 0], j)
             if stats != NULL:
                 _count_pull(stats + row, tick)
     return missing

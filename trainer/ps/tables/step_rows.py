@@ -69,7 +69,7 @@ def pull_distinct_numbered(table: SparseTable, values: np.ndarray) -> tuple[
         stats = table._stats
         tick = stats.next_tick(table._index.size)
         unique, inverse, rows, out, missing = pull_values(
-            table._index, values, table._weights, stats.records, tick
+            table._index, values, table._kernel(table._weights), stats.records, tick
         )
         if missing:
             table._add_missing(unique, rows, out, tick)
@@ -125,7 +125,8 @@ def push_pooled_numbered(
         if pulled.stamp != table.renumbered:
             rows = table._rows_for(pulled.ids, create=table._fixed)
         push_pooled(
-            table._weights, table._state["sum"] if adagrad else None, rows, out,
+            table._kernel(table._weights),
+            table._kernel(table._state["sum"]) if adagrad else None, rows, out,
             pooling.positions, pooling.bounds, pooling.mean, float(hyper["lr"]),
             float(hyper["eps"]) if adagrad else 0.0, float(hyper["weight_decay"]),
             table._stats.records,

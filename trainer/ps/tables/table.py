@@ -79,6 +79,10 @@ class SparseTable:
         entry: the admission rule (None: every id at its first training pull).
         accessor: when ``shrink`` drops rows (default ``CtrAccessorParam()``).
         max_rows: the most rows this table (shard) holds; None: no bound.
+        storage: ``"float32"``, or ``"float16"``: rows and their Adagrad sums
+            kept as 16-bit floats (IEEE half), half the bytes, for SGD and
+            Adagrad tables. Updates are computed in float32 and rounded to the
+            nearest half; pulls, reads and saves give float32.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class SparseTable:
         entry: EntryAttr | None = None,
         accessor: CtrAccessorParam | None = None,
         max_rows: int | None = None,
+        storage: str = "float32",
     ) -> None:
         if dim < 1:
             raise ValueError(f"table '{name}': dim must be >= 1, got {dim}")
@@ -99,6 +104,8 @@ class SparseTable:
             raise ValueError(f"table '{name}': max_rows must be None or >= 1, got {max_rows!r}")
         self.name = name
         self.dim = int(dim)
+        self.storage = _check_storage(storage, optimizer, name)
+        self._half = storage == "float16"
         self.optimizer = optimizer
         self.seed = int(seed)
         self.init_scale = float(init_scale)
@@ -108,9 +115,9 @@ class SparseTable:
         self._seed64 = table_seed(name, seed)
         self._index = IdIndex()
         self._lock = threading.Lock()
-        self._weights = np.zeros((0, self.dim), dtype=np.float32)
+        self._weights = np.zeros((0, self.dim), dtype=self._row_dtype(np.float32))
         self._state: dict[str, np.ndarray] = {
-            key: np.zeros((0, *shape(self.dim)), dtype=dtype)
+            key: np.zeros((0, *shape(self.dim)), dtype=self._row_dtype(dtype))
             for key, (shape, dtype) in optimizer.state_layout().items()
         }
         self._stats = RowStats()  # aligned with the rows
@@ -125,12 +132,13 @@ class SparseTable:
 
     def set_optimizer(self, optimizer: OptimizerSpec) -> None:
         """Replaces the optimizer; every row's optimizer state starts afresh."""
+        _check_storage(self.storage, optimizer, self.name)
         with self._lock:
             self.optimizer = optimizer
             allocated = self._weights.shape[0]
             self._state = {}
             for key, (shape, dtype) in optimizer.state_layout().items():
-                array = np.empty((allocated, *shape(self.dim)), dtype=dtype)
+                array = np.empty((allocated, *shape(self.dim)), dtype=self._row_dtype(dtype))
                 array.fill(optimizer.initial_state(key))
                 self._state[key] = array
 
@@ -139,6 +147,14 @@ class SparseTable:
         return init_rows(ids, self.dim, self._seed64, self.init_scale)
 
     # -- rows ---------------------------------------------------------------
+
+    def _row_dtype(self, dtype: Any) -> Any:
+        """How an array of float32 per-row values is stored in this table."""
+        return np.float16 if self._half and np.dtype(dtype) == np.float32 else dtype
+
+    def _kernel(self, array: np.ndarray) -> np.ndarray:
+        """``array`` as the C kernels take it: 16-bit floats as their bits."""
+        return array.view(np.uint16) if array.dtype == np.float16 else array
 
     def _arrays(self) -> list[np.ndarray]:
         return [self._weights, *self._state.values(), *self._stats.arrays()]
@@ -207,7 +223,9 @@ class SparseTable:
         tick = self._stats.next_tick(self._index.size)
         # Rows found are counted (and copied) in the lookup's own loop; rows
         # pulled now are the most recent, so none of them is evicted below.
-        rows, missing = pull_rows(self._index, ids, self._weights, out, self._stats.records, tick)
+        rows, missing = pull_rows(
+            self._index, ids, self._kernel(self._weights), out, self._stats.records, tick
+        )
         if missing:
             self._add_missing(ids, rows, out, tick)
         return rows
@@ -378,7 +396,7 @@ class SparseTable:
     def read_rows(self, rows: np.ndarray) -> np.ndarray:
         """A copy of the weights of existing ``rows``."""
         with self._lock:
-            return self._weights[rows]
+            return self._weights[rows].astype(np.float32, copy=False)
 
     def write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         """Overwrites the weights of existing ``rows`` (optimizer state unchanged)."""
@@ -403,11 +421,12 @@ class SparseTable:
             grad = np.ascontiguousarray(grad, dtype=np.float32)
             lr, decay = float(hyper["lr"]), float(hyper["weight_decay"])
             if kind == "sgd":
-                sgd_rows(self._weights, rows, grad, lr, decay, records)
+                sgd_rows(self._kernel(self._weights), rows, grad, lr, decay, records)
             else:
                 eps = float(hyper["eps"])
                 adagrad_rows(
-                    self._weights, self._state["sum"], rows, grad, lr, eps, decay, records
+                    self._kernel(self._weights), self._kernel(self._state["sum"]), rows, grad,
+                    lr, eps, decay, records,
                 )
             return
         self._stats.changed[rows] = 1
@@ -442,7 +461,7 @@ class SparseTable:
             if create:
                 rows = self._seen(ids, out)
             else:
-                rows, _ = pull_rows(self._index, ids, self._weights, out, None, 0)
+                rows, _ = pull_rows(self._index, ids, self._kernel(self._weights), out, None, 0)
         present = rows >= 0
         if not present.all():
             if self.entry is None:
@@ -479,7 +498,7 @@ class SparseTable:
             present = rows >= 0
             if present.all():
                 self._weights[rows] += delta
-                out = self._weights[rows]
+                out = self._weights[rows].astype(np.float32, copy=False)
             else:
                 kept = rows[present]
                 self._weights[kept] += delta[present]
@@ -500,10 +519,10 @@ class SparseTable:
                 "dim": self.dim,
                 "optimizer": self.optimizer.kind,
                 "ids": torch.from_numpy(self._index.ids_in_row_order().view(np.int64).copy()),
-                "weights": torch.from_numpy(self._weights[:n].copy()),
+                "weights": torch.from_numpy(self._weights[:n].astype(np.float32)),
             }
             for key, array in self._state.items():
-                out["state." + key] = torch.from_numpy(array[:n].copy())
+                out["state." + key] = torch.from_numpy(array[:n].astype(np.float32))
         return out
 
     def export_rows(
@@ -542,9 +561,9 @@ class SparseTable:
             for start in range(0, count, chunk_rows):
                 stop = min(start + chunk_rows, count)
                 part = slice(start, stop) if rows is None else rows[start:stop]
-                columns = {"ids": ids[part], "weights": self._weights[part]}
+                columns = {"ids": ids[part], "weights": _float32(self._weights[part])}
                 for key, array in self._state.items():
-                    columns["state." + key] = array[part]
+                    columns["state." + key] = _float32(array[part])
                 columns["show"] = stats.show[part]
                 columns["click"] = stats.click[part]
                 columns["last_seen_pass"] = current - stats.clock.unseen_passes(stats.last[part])
@@ -596,6 +615,24 @@ class SparseTable:
             if ticks is not None:
                 self._stats.last[rows] = ticks
             self._stats.changed[rows] = 1
+
+
+def _check_storage(storage: str, optimizer: OptimizerSpec, name: str) -> str:
+    if storage not in ("float32", "float16"):
+        raise ValueError(
+            f"table '{name}': storage must be 'float32' or 'float16', got {storage!r}"
+        )
+    if storage == "float16" and optimizer.kind not in ("sgd", "adagrad"):
+        raise ValueError(
+            f"table '{name}': storage='float16' keeps SGD and Adagrad tables, got "
+            f"{optimizer.kind!r}; use storage='float32' for it"
+        )
+    return storage
+
+
+def _float32(values: np.ndarray) -> np.ndarray:
+    """Per-row float values as float32 (16-bit ones widened; others as they are)."""
+    return values.astype(np.float32) if values.dtype == np.float16 else values
 
 
 def _grown(array: np.ndarray, rows: int) -> np.ndarray:
