@@ -104,9 +104,10 @@ def cpu_seconds() -> float:
     return seconds
 
 
-def small_ctr_model(table_optimizer: dict | None):
+def small_ctr_model(table_optimizer: dict | None, storage: str = "float32"):
     """The model; ``table_optimizer``: the tables' own optimizer (None: the
-    torch optimizer given to the distributed optimizer)."""
+    torch optimizer given to the distributed optimizer); ``storage``: the
+    tables' (SparseEmbedding's ``storage``)."""
     import torch
     from torch import nn
 
@@ -117,9 +118,9 @@ def small_ctr_model(table_optimizer: dict | None):
 
         def __init__(self) -> None:
             super().__init__()
-            self.u = SparseEmbedding(4, "u", optimizer=table_optimizer)
-            self.i = SparseEmbedding(4, "i", optimizer=table_optimizer)
-            self.c = SparseEmbedding(4, "c", optimizer=table_optimizer)
+            self.u = SparseEmbedding(4, "u", optimizer=table_optimizer, storage=storage)
+            self.i = SparseEmbedding(4, "i", optimizer=table_optimizer, storage=storage)
+            self.c = SparseEmbedding(4, "c", optimizer=table_optimizer, storage=storage)
             self.mlp = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
 
         def forward(self, batch):
@@ -233,7 +234,7 @@ def local_child(config: dict) -> dict:
     torch.set_num_threads(1)
     fleet.init()
     torch.manual_seed(config["seed"])
-    model = small_ctr_model(None)
+    model = small_ctr_model(None, config.get("storage", "float32"))
     optimizer = fleet.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
     train = load(config["files"], config["batch_size"], 2)
     out = train_epochs(model, train, optimizer, config, config["threads"], config["seed"])

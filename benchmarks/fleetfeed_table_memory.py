@@ -11,8 +11,8 @@ The driver reads the server's VmRSS once the worker is connected and again
 once every id went through, checks that the table holds exactly N rows (else it
 fails), and prints one JSON line: rows, rows held, RSS growth, seconds.
 
-Usage (bench_table_lifecycle.py --server-process does this):
-    python benchmarks/fleetfeed_table_memory.py 10000000
+Usage (bench_table_lifecycle.py --paddle-python and bench_table_storage.py run it):
+    python benchmarks/fleetfeed_table_memory.py 10000000 [float16]
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def role(config: dict) -> None:
     cluster = ClusterRole(Role.SERVER if is_server else Role.WORKER, 0, 1,
                           (config["server"],), job_secret=JOB_KEY)
     model = torch.nn.Module()
-    model.emb = SparseEmbedding(DIM, "emb", optimizer={"type": "adagrad", "lr": 0.05})
+    model.emb = SparseEmbedding(DIM, "emb", optimizer={"type": "adagrad", "lr": 0.05},
+                                storage=config["storage"])
     model.bias = torch.nn.Parameter(torch.zeros(1))
     runtime = ParameterServerRuntime(cluster, None)
     optimizer = runtime.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.01),
@@ -96,14 +97,15 @@ def wait_for(path: str, procs: list[subprocess.Popen], timeout: float) -> None:
 
 def main() -> None:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
-    if len(sys.argv) > 2:
+    if len(sys.argv) > 2 and sys.argv[2].startswith("{"):
         role(json.loads(sys.argv[2]))
         return
+    storage = sys.argv[2] if len(sys.argv) > 2 else "float32"
     sys.path.insert(0, str(REPO / "benchmarks"))
     from bench_ps import free_port
 
     with tempfile.TemporaryDirectory(prefix="table-memory-") as tmp:
-        config = {"rows": rows, "server": f"127.0.0.1:{free_port()}",
+        config = {"rows": rows, "server": f"127.0.0.1:{free_port()}", "storage": storage,
                   **{k: os.path.join(tmp, k) for k in ("ready", "go", "done", "stop")}}
         env = dict(os.environ, FLEETFEED_CHECKPOINT_ROOT=tmp)
         procs = []
@@ -140,7 +142,7 @@ def main() -> None:
     if done["rows_held"] != rows:
         raise SystemExit(f"the server holds {done['rows_held']} rows, not {rows}")
     print(json.dumps({"rows": rows, "rows_held": done["rows_held"], "growth": after - before,
-                      "seconds": done["seconds"]}))
+                      "seconds": done["seconds"], "storage": storage}))
 
 
 if __name__ == "__main__":
