@@ -250,17 +250,26 @@ cdef inline void _adagrad_row(row_t* weights, row_t* state_sum, const float* gra
                               Py_ssize_t dim, float lr, float eps,
                               float weight_decay) noexcept nogil:
     """torch.optim.Adagrad's step (lr_decay 0) on one row, in float32
-    whatever the row is stored as."""
+    whatever the row is stored as. A 16-bit row keeps the square root of each
+    sum (``SparseTable._stored``): a rare id's squared gradients (1e-8 for a
+    gradient of 1e-4) lie under the smallest half, their roots do not, and the
+    root is what the step divides by."""
     cdef Py_ssize_t j
-    cdef float g, w, total
+    cdef float g, w, total, root
     for j in range(dim):
         g = grads[j]
         w = _get(weights, j)
         if weight_decay != 0:
             g = g + weight_decay * w
-        total = _get(state_sum, j) + g * g
-        _put(state_sum, j, total)
-        _put(weights, j, w - lr * (g / (sqrtf(total) + eps)))
+        if row_t is float:
+            total = state_sum[j] + g * g
+            state_sum[j] = total
+            root = sqrtf(total)
+        else:
+            root = _get(state_sum, j)
+            root = sqrtf(root * root + g * g)
+            _put(state_sum, j, root)
+        _put(weights, j, w - lr * (g / (root + eps)))
 
 
 cdef inline void _sgd_row(row_t* weights, const float* grads, Py_ssize_t dim, float lr,

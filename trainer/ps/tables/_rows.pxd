@@ -37,6 +37,7 @@ ctypedef fused row_t:
 cdef extern from *:
     """
     #include <string.h>
+    #include <stdint.h>
     /* IEEE half bits to float: exact. */
     static inline float ff_h2f(uint16_t h) {
         uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -55,37 +56,53 @@ cdef extern from *:
         memcpy(&out, &bits, 4);
         return out;
     }
-    /* float to IEEE half bits, rounded to nearest, ties to even (as numpy). */
-    static inline uint16_t ff_f2h(float value) {
-        uint32_t bits, sign, magnitude, half, rest;
+    /* Each thread's random bits (xorshift64), for stochastic rounding. */
+    static __thread uint64_t ff_random_state = 0;
+    static inline uint64_t ff_random64(void) {
+        uint64_t x = ff_random_state;
+        if (x == 0)
+            x = ((uint64_t)(uintptr_t)&ff_random_state * 0x9E3779B97F4A7C15ull) | 1u;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ff_random_state = x;
+        return x;
+    }
+    /* float to IEEE half bits, rounded up or down at random, up with the
+       probability of the float's distance from the half below: the stored
+       value is the float's on average, so that updates smaller than half a
+       half's last digit (a rare id's small gradients, squared into an Adagrad
+       sum) still count. Past the largest half it saturates (65504), not to
+       infinity: an infinite Adagrad sum would stop its row for good. */
+    static inline uint16_t ff_f2h_stochastic(float value) {
+        uint32_t bits, sign, magnitude, half;
         memcpy(&bits, &value, 4);
         sign = (bits >> 16) & 0x8000u;
         magnitude = bits & 0x7FFFFFFFu;
-        if (magnitude >= 0x7F800000u)  /* infinity, or NaN kept quiet */
-            return (uint16_t)(sign | (magnitude > 0x7F800000u ? 0x7E00u : 0x7C00u));
-        if (magnitude >= 0x477FF000u)  /* rounds past 65504 */
-            return (uint16_t)(sign | 0x7C00u);
+        if (magnitude > 0x7F800000u)  /* NaN */
+            return (uint16_t)(sign | 0x7E00u);
+        if (magnitude >= 0x477FE000u)  /* 65504 or more, infinity included */
+            return (uint16_t)(sign | 0x7BFFu);
         if (magnitude < 0x38800000u) {  /* under 2^-14: a subnormal half, or zero */
-            uint32_t exponent = magnitude >> 23, shift, mantissa;
-            if (magnitude < 0x33000000u)  /* under 2^-25: rounds to zero */
+            uint32_t exponent = magnitude >> 23, shift;
+            uint64_t mantissa;
+            if (exponent == 0)  /* a float subnormal: far under a half's least */
                 return (uint16_t)sign;
             mantissa = (magnitude & 0x7FFFFFu) | 0x800000u;
-            shift = 126u - exponent;
-            half = mantissa >> shift;
-            rest = mantissa & ((1u << shift) - 1u);
-            if (rest > (1u << (shift - 1u)) || (rest == (1u << (shift - 1u)) && (half & 1u)))
-                half++;
+            shift = 126u - exponent;  /* 14 and up */
+            if (shift >= 40u)  /* under 2^-40 of a half's least: none */
+                return (uint16_t)sign;
+            half = (uint32_t)((mantissa + (ff_random64() & ((1ull << shift) - 1u))) >> shift);
             return (uint16_t)(sign | half);
         }
-        half = (magnitude >> 13) - (112u << 10);
-        rest = magnitude & 0x1FFFu;
-        if (rest > 0x1000u || (rest == 0x1000u && (half & 1u)))
-            half++;  /* a carry moves to the next exponent, or to infinity: as it should */
+        half = ((magnitude + (uint32_t)(ff_random64() & 0x1FFFu)) >> 13) - (112u << 10);
+        if (half > 0x7BFFu)
+            half = 0x7BFFu;
         return (uint16_t)(sign | half);
     }
     """
     float ff_h2f(uint16_t h) noexcept nogil
-    uint16_t ff_f2h(float value) noexcept nogil
+    uint16_t ff_f2h_stochastic(float value) noexcept nogil
 
 
 cdef inline float _get(const row_t* values, Py_ssize_t j) noexcept nogil:
@@ -96,7 +113,10 @@ cdef inline float _get(const row_t* values, Py_ssize_t j) noexcept nogil:
 
 
 cdef inline void _put(row_t* values, Py_ssize_t j, float value) noexcept nogil:
+    # 16-bit rows round at random (ff_f2h_stochastic): to nearest, a small
+    # update, or a rare id's small squared gradient added to its Adagrad sum,
+    # would be lost every time.
     if row_t is float:
         values[j] = value
     else:
-        values[j] = ff_f2h(value)
+        values[j] = ff_f2h_stochastic(value)

@@ -157,16 +157,23 @@ cdef extern from *:
             /* A free slot's key is all ones (the fill): any other key matches
                filled slots only, and is found by its keys alone, the common
                case. Its row number is read (acquire) by the caller. */
-            for (int j = 0; j < 5; j++)
-                match |= (unsigned)(bucket->keys[j] == key) << j;
-            if (match && key != ~(uint64_t)0) {
-                *where = bucket;
-                return __builtin_ctz(match);
+            if (key != ~(uint64_t)0) {
+                for (int j = 0; j < 5; j++)
+                    match |= (unsigned)(bucket->keys[j] == key) << j;
+                if (match) {
+                    *where = bucket;
+                    return __builtin_ctz(match);
+                }
             }
+            /* The free slots first (acquire), then the keys: a slot published
+               meanwhile is read with its key, never as all ones. */
             for (int j = 0; j < 5; j++) {
                 uint32_t row = __atomic_load_n(&bucket->rows[j], __ATOMIC_ACQUIRE);
                 empty |= (unsigned)(row == FF_EMPTY) << j;
             }
+            match = 0;
+            for (int j = 0; j < 5; j++)
+                match |= (unsigned)(bucket->keys[j] == key) << j;
             match &= ~empty;
             if (match | empty) {
                 *where = bucket;

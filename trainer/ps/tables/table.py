@@ -139,7 +139,7 @@ class SparseTable:
             self._state = {}
             for key, (shape, dtype) in optimizer.state_layout().items():
                 array = np.empty((allocated, *shape(self.dim)), dtype=self._row_dtype(dtype))
-                array.fill(optimizer.initial_state(key))
+                array.fill(self._stored(key, optimizer.initial_state(key)))
                 self._state[key] = array
 
     def init_rows(self, ids: np.ndarray) -> np.ndarray:
@@ -151,6 +151,16 @@ class SparseTable:
     def _row_dtype(self, dtype: Any) -> Any:
         """How an array of float32 per-row values is stored in this table."""
         return np.float16 if self._half and np.dtype(dtype) == np.float32 else dtype
+
+    def _stored(self, key: str, values: Any) -> Any:
+        """Optimizer state ``key``'s values as this table stores them: a 16-bit
+        table keeps the root of each Adagrad sum (``_row_updates``)."""
+        return np.sqrt(values) if self._half and key == "sum" else values
+
+    def _state_values(self, key: str, stored: np.ndarray) -> np.ndarray:
+        """Stored state ``key`` as its float32 values (``_stored`` undone)."""
+        values = _float32(stored)
+        return np.square(values) if self._half and key == "sum" else values
 
     def _kernel(self, array: np.ndarray) -> np.ndarray:
         """``array`` as the C kernels take it: 16-bit floats as their bits."""
@@ -204,7 +214,7 @@ class SparseTable:
     def _init_new_rows(self, rows: np.ndarray, ids: np.ndarray) -> None:
         self._weights[rows] = self.init_rows(ids)
         for key in self.optimizer.state_layout():
-            self._state[key][rows] = self.optimizer.initial_state(key)
+            self._state[key][rows] = self._stored(key, self.optimizer.initial_state(key))
         self._stats.created(rows)
 
 
@@ -522,7 +532,9 @@ class SparseTable:
                 "weights": torch.from_numpy(self._weights[:n].astype(np.float32)),
             }
             for key, array in self._state.items():
-                out["state." + key] = torch.from_numpy(array[:n].astype(np.float32))
+                out["state." + key] = torch.from_numpy(
+                    np.array(self._state_values(key, array[:n]), dtype=np.float32)
+                )
         return out
 
     def export_rows(
@@ -563,7 +575,7 @@ class SparseTable:
                 part = slice(start, stop) if rows is None else rows[start:stop]
                 columns = {"ids": ids[part], "weights": _float32(self._weights[part])}
                 for key, array in self._state.items():
-                    columns["state." + key] = _float32(array[part])
+                    columns["state." + key] = self._state_values(key, array[part])
                 columns["show"] = stats.show[part]
                 columns["click"] = stats.click[part]
                 columns["last_seen_pass"] = current - stats.clock.unseen_passes(stats.last[part])
@@ -611,6 +623,8 @@ class SparseTable:
             rows = self._insert(ids)
             for key, values in columns.items():
                 target = self._weights if key == "weights" else self._state.get(key[6:])
+                if target is not None and key != "weights":
+                    values = self._stored(key[6:], values)
                 (getattr(self._stats, key) if target is None else target)[rows] = values
             if ticks is not None:
                 self._stats.last[rows] = ticks
