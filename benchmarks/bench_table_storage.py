@@ -5,9 +5,10 @@ server process, and what they cost the small CTR model.
   ids of dim 8, Adagrad, pulled and pushed in steps of 100,000; the server
   checked to hold every row) with ``storage="float32"`` and ``"float16"``.
 * The model: bench_small_ctr.py's local run (the small CTR model, 4 files x
-  20,000 lines, 2 epochs, batch 256, one trainer thread: deterministic, so the
-  two runs differ by the storage alone), its tables float32 or float16; the
-  held-out AUC and records/s of each, ``--repeats`` runs alternating.
+  20,000 lines, 2 epochs, batch 256, one trainer thread: a float32 run is
+  deterministic, a float16 one rounds its rows at random), its tables float32
+  or float16; the held-out AUC and records/s of each, medians of ``--repeats``
+  runs alternating.
 
 Writes ``benchmarks/results/table_storage.md`` (``--no-write``: print only).
 
@@ -90,8 +91,10 @@ def main() -> None:
         f"{args.rows:,} ids, dim 8, Adagrad, pulled and pushed in steps of 100,000; the "
         "server's resident memory growth per row, the server checked to hold every row). "
         f"Model: the small CTR model trained locally (bench_small_ctr.py's local run, one "
-        f"trainer thread: deterministic), 4 files x 20,000 lines, 2 epochs; medians of "
-        f"{args.repeats} alternating runs.",
+        f"trainer thread: a float32 run is deterministic, a float16 one rounds its rows at "
+        f"random), 4 files x 20,000 lines, 2 epochs; medians of {args.repeats} alternating "
+        f"runs; float16 AUCs of the runs: "
+        + ", ".join(f"{r['auc']:.5f}" for r in runs["float16"]) + ".",
         "",
         "| storage | server bytes per row | held-out AUC | AUC - float32's | records/s |",
         "|---|---:|---:|---:|---:|",
