@@ -66,7 +66,8 @@ class SparseEmbedding(nn.Module):
             least recently seen rows are evicted. None: no bound.
         storage: ``"float32"`` (the default) or ``"float16"``: the table keeps
             its rows and Adagrad sums as 16-bit floats, half the bytes a row
-            (SGD and Adagrad tables; updates computed in float32 and rounded).
+            (SGD and Adagrad tables; updates computed in float32 and rounded
+            at random, right on average).
             Forwards, saves and loads see float32 values.
 
     Input: a ``datafeed.Ragged`` (a sparse slot of a batch) -> ``[size, dim]``,

@@ -80,9 +80,10 @@ class SparseTable:
         accessor: when ``shrink`` drops rows (default ``CtrAccessorParam()``).
         max_rows: the most rows this table (shard) holds; None: no bound.
         storage: ``"float32"``, or ``"float16"``: rows and their Adagrad sums
-            kept as 16-bit floats (IEEE half), half the bytes, for SGD and
-            Adagrad tables. Updates are computed in float32 and rounded to the
-            nearest half; pulls, reads and saves give float32.
+            (as their roots) kept as 16-bit floats (IEEE half), half the bytes,
+            for SGD and Adagrad tables. Updates are computed in float32 and
+            rounded at random to one of the two halves around them (right on
+            average); pulls, reads and saves give float32, sums as sums.
     """
 
     def __init__(
