@@ -53,6 +53,7 @@ if not any(Path(p, "trainer").is_dir() for p in sys.path[1:] if p):
 import numpy as np
 import results_file
 import torch
+from process_memory import read_status_kb
 
 from datafeed.records.memory import release_free_memory
 from trainer.ps.checkpoint import directory as checkpoint
@@ -79,11 +80,7 @@ def rate(run, batches, grads) -> float:
 
 def rss() -> int:
     """This process's resident memory in bytes (VmRSS)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return read_status_kb("VmRSS")
 
 
 def save(table: SparseTable, dirname: str, kind: str) -> float:

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from process_memory import read_status_kb  # a sibling script
+
 REPO = Path(__file__).resolve().parent.parent
 DIM = 8
 STEP = 100_000
@@ -34,7 +36,6 @@ JOB_KEY = "fleetfeed-table-memory-0123456789abcdef"
 def role(config: dict) -> None:
     """The server or the worker."""
     sys.path.insert(0, str(REPO))
-    import numpy as np
     import torch
 
     from trainer.job.role import ClusterRole, Role
@@ -76,15 +77,6 @@ def role(config: dict) -> None:
     while not os.path.exists(config["stop"]):
         time.sleep(0.1)
     runtime.stop_worker()
-    del np
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def wait_for(path: str, procs: list[subprocess.Popen], timeout: float) -> None:
@@ -120,10 +112,10 @@ def main() -> None:
                 ))
             wait_for(config["ready"], procs, 300)
             time.sleep(1.0)  # the connection settled
-            before = rss(procs[0].pid)
+            before = read_status_kb("VmRSS", procs[0].pid)
             Path(config["go"]).touch()
             wait_for(config["done"], procs, 3600)
-            after = rss(procs[0].pid)
+            after = read_status_kb("VmRSS", procs[0].pid)
             done = json.loads(Path(config["done"]).read_text())
             Path(config["stop"]).touch()
             for proc in procs:

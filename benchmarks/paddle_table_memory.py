@@ -30,16 +30,10 @@ import sys
 import tempfile
 import time
 
+from process_memory import read_status_kb  # a sibling script
+
 DIM = 8
 STEP = 100_000
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def free_port() -> int:
@@ -155,11 +149,11 @@ def main(rows: int) -> None:
         server, worker = procs
         wait_for(config["ready"], worker, 600)
         time.sleep(2)
-        before = rss(server.pid)
+        before = read_status_kb("VmRSS", server.pid)
         open(config["go"], "w").close()
         wait_for(config["done"], worker, 3600)
         time.sleep(2)
-        after = rss(server.pid)
+        after = read_status_kb("VmRSS", server.pid)
         with open(config["done"]) as done:
             seconds = json.load(done)["seconds"]
         held = rows_held(f"{work}/worker.log")

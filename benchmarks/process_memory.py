@@ -1,17 +1,18 @@
-"""This process's resident memory, for the benchmarks: the current size and the
-peak since a reset (Linux's /proc/self). Standard library only, so that the
+"""Resident memory, for the benchmarks: a process's current size and this
+process's peak since a reset (Linux's /proc). Standard library only, so that the
 scripts that run in Paddle's interpreters import it too."""
 
 from __future__ import annotations
 
 
-def read_status_kb(field: str) -> int:
-    """One ``kB`` field of /proc/self/status (``VmRSS``, ``VmHWM``) in bytes."""
-    with open("/proc/self/status") as f:
+def read_status_kb(field: str, pid: int | str = "self") -> int:
+    """One ``kB`` field of /proc/PID/status (``VmRSS``, ``VmHWM``) in bytes;
+    PID: this process by default."""
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field} field (not Linux?)")
+    raise RuntimeError(f"/proc/{pid}/status has no {field} field (not Linux?)")
 
 
 def reset_peak() -> None:
