@@ -23,9 +23,14 @@ launcher's exit. A sampler thread in each server reads its threads, sockets and
 resident memory every 0.1 s; the cost of a worker to a server is the growth from
 before the first worker connected to when all were ready, over the 16 workers.
 
+``--push-bound``: instead, 1 + 16 jobs with pulls sent ahead and 1, 2, 3 or 16
+pushes in flight, beside pulls not sent ahead, and their AUC
+(``results/ps_push_bound.md``: why ``pushes_in_flight`` defaults to 2).
+
 Writes ``benchmarks/results/ps_scale.md`` (``--no-write``: print only).
 
-    python benchmarks/bench_ps_scale.py [--lines 4000] [--servers 8] [--workers 16]
+    python benchmarks/bench_ps_scale.py [--lines 20000] [--servers 8] [--workers 16]
+    python benchmarks/bench_ps_scale.py --lines 20000 --push-bound
 """
 
 from __future__ import annotations
@@ -291,6 +296,32 @@ def report(args: argparse.Namespace, one: dict, many: dict, reshard: dict,
     return "\n".join(lines) + "\n"
 
 
+def push_bound(args: argparse.Namespace, base: dict, tmp: str) -> str:
+    """1 + ``workers`` jobs with pulls sent ahead and 1, 2, 3 or 16 pushes in
+    flight, beside pulls not sent ahead: the held-out AUC of each (why
+    ``a_sync_configs["pushes_in_flight"]`` defaults to 2)."""
+    import results_file
+
+    rows = []
+    for ahead, pushes in ((0, 1), (-1, 1), (-1, 2), (-1, 3), (-1, 16)):
+        config = {**base, "pull_ahead": ahead, "pushes_in_flight": pushes,
+                  "save": str(Path(tmp) / f"ckpt-{ahead}-{pushes}")}
+        run = run_job(1, args.workers, config, Path(tmp) / f"push-{ahead}-{pushes}")
+        print(f"pull_ahead {ahead}, pushes_in_flight {pushes}: AUC {auc_of(run):.4f}", flush=True)
+        rows.append(f"| {'off (0)' if ahead == 0 else 'automatic (-1)'} | {pushes} "
+                    f"| {auc_of(run):.4f} | {startup(run)['train']:.1f} |")
+    return (
+        "# Pushes in flight and the AUC of 16 async workers on one server\n\n"
+        f"`{results_file.command()}` at {results_file.commit()}: 1 server + {args.workers} "
+        f"workers started by fleetrun, the small CTR model (async, Adagrad lr 0.1, batch 256), "
+        f"{args.epochs} epochs on a file of {args.lines:,} lines each, held-out AUC by worker 0 "
+        "after `barrier_worker`. Each push in flight more lets a worker's dense parameters "
+        "lag a step more.\n\n"
+        "| pull_ahead | pushes_in_flight | AUC | training (s) |\n|---|---:|---:|---:|\n"
+        + "\n".join(rows) + "\n"
+    )
+
+
 def auc_of(run: dict) -> float | None:
     aucs = [p["auc"] for name, p in run["processes"].items()
             if name.startswith("worker") and p.get("auc") is not None]
@@ -305,6 +336,9 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=8)
     parser.add_argument("--reshard", type=int, default=4)
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--push-bound", action="store_true",
+                        help="only 1 + workers jobs with 1, 2, 3 and 16 pushes in flight "
+                             "(results/ps_push_bound.md)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.job:
@@ -320,6 +354,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_ps_scale-") as tmp:
         base = {"files": [str(f) for f in files], "heldout": str(held), "root": tmp,
                 "load": "", "epochs": args.epochs}
+        if args.push_bound:
+            text = push_bound(args, base, tmp)
+            print(text)
+            if not args.no_write:
+                (HERE / "results" / "ps_push_bound.md").write_text(text)
+            return
         saved = str(Path(tmp) / "ckpt-many")
         resaved = str(Path(tmp) / "ckpt-reshard")
         one = run_job(1, args.workers, {**base, "save": str(Path(tmp) / "ckpt-one")},
