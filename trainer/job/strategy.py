@@ -46,8 +46,8 @@ _A_SYNC_DEFAULTS: dict[str, Any] = {
     # fleetfeed's own: the most pushes a training thread keeps in flight while
     # its pulls go ahead (at most send_queue_size). Each one more lets the
     # worker's dense parameters lag a step more: 16 workers of the small CTR
-    # model on one server trained to AUC 0.854 with 1-3, and diverged (0.50)
-    # with 16 (benchmarks/bench_ps_scale.py).
+    # model on one server trained as well with 1-3 as without pulls ahead, and
+    # far worse with 16 (benchmarks/results/ps_push_bound.md).
     "pushes_in_flight": 2,
 }
 
