@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "compare_trees.md"
 ALL_BENCHMARKS = [
-    "engine", "speed", "generator", "global_shuffle", "ps", "small_ctr", "table",
+    "engine", "speed", "generator", "global_shuffle", "ps", "ps_latency", "small_ctr", "table",
 ]
 
 
@@ -208,6 +208,36 @@ def parameter_server(records: int) -> Benchmark:
     )
 
 
+def ps_latency(delay_ms: int) -> Benchmark:
+    """The small CTR model's PS job, 1 server + 2 workers reaching it through
+    the latency relay with ``delay_ms`` added each way (bench_ps_latency.py):
+    each mode's records/s per worker, pulls sent ahead as configured (the
+    script also runs the job at 0 ms, which it needs for its ratios)."""
+    modes = ("async", "geo")
+    names = {mode: f"PS {mode} small CTR +{delay_ms} ms" for mode in modes}
+
+    def extract(stdout: str) -> dict[str, float]:
+        out = {}
+        for line in stdout.splitlines():
+            # | mode | contender | delay | records/s per worker | ...
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if (len(cells) > 3 and cells[0] in names and cells[1] == "fleetfeed"
+                    and cells[2] == str(delay_ms)):
+                out[names[cells[0]]] = number(cells[3])
+        return out
+
+    return Benchmark(
+        f"small CTR PS job through a relay adding {delay_ms} ms each way "
+        "(benchmarks/bench_ps_latency.py)",
+        [Figure(name, "records/s/worker", True) for name in names.values()],
+        lambda tree: [
+            str(tree / "benchmarks" / "bench_ps_latency.py"), "--no-write", "--repeats", "1",
+            "--model", "small_ctr", "--modes", *modes, "--delays-ms", "0", str(delay_ms),
+        ],
+        extract,
+    )
+
+
 def sparse_table(rows: int) -> Benchmark:
     """One sparse table of ``rows`` ids (bench_table_lifecycle.py): pull and
     push rates, and the bytes per row it allocates (the figure both trees'
@@ -326,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "generator": [generator(200_000, source)],
         "global_shuffle": [global_shuffle(500_000)],
         "ps": [parameter_server(20_000)],
+        "ps_latency": [ps_latency(1)],
         "small_ctr": [small_ctr_local(small_files, small_held, t) for t in (1, 2)],
         "table": [sparse_table(10_000_000)],
     }

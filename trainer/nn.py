@@ -160,10 +160,12 @@ class SparseEmbedding(nn.Module):
             ids = ids.view(torch.int64)
         training = self.training and torch.is_grad_enabled()
         store = stores.current_store()
-        if training and store is stores.local_store() and ids.is_cpu:
-            # This process's tables: the ids made distinct in the pull's own pass.
+        pull_values = getattr(store, "pull_values", None) if training and ids.is_cpu else None
+        if pull_values is not None:
+            # Tables in this process (local, or a GEO worker's copy): the ids
+            # made distinct in the pull's own pass.
             started = time.perf_counter()
-            unique, rows, positions = store.pull_values(self.config, ids.reshape(-1))
+            unique, rows, positions = pull_values(self.config, ids.reshape(-1))
         else:
             # Rows pulled ahead for this batch (a PS worker's training loop), or now.
             ahead_pulls = ahead.current() if training else None

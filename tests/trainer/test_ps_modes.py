@@ -91,6 +91,92 @@ def test_geo_mode_sends_deltas_every_k_steps(local_store_after):
     assert server.dense[0].tolist() == [-4.0, -4.0] == model.bias.tolist()
 
 
+class TwoTableModel(nn.Module):
+    """Table ``a`` read twice per forward (sum and mean pooling of one Ragged
+    input: its two pulls are pushed merged) and table ``b`` once (pushed at
+    its pull's row numbers), both Adagrad, and a dense weight."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        adagrad = {"type": "adagrad", "lr": 0.5}
+        self.a = SparseEmbedding(3, prefix + "_a", optimizer=adagrad)
+        self.a_mean = SparseEmbedding(3, prefix + "_a", mode="mean", optimizer=adagrad)
+        self.b = SparseEmbedding(3, prefix + "_b", optimizer=adagrad)
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 9))
+
+    def loss(self, batch) -> torch.Tensor:
+        a, b = batch
+        out = torch.cat([self.a(a), self.a_mean(a), self.b(b)], dim=1)
+        return ((out * self.w).sum(dim=1) - 1.0).pow(2).mean()
+
+
+def ragged_batches(steps: int) -> list:
+    """Ragged inputs of both tables, repeats and empty records included, with
+    ids new at every step beside ids seen before."""
+    from datafeed import Ragged
+
+    gen = torch.Generator().manual_seed(3)
+    out = []
+    for step in range(steps):
+        lengths = torch.randint(0, 4, (8,), generator=gen)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        a = torch.randint(0, 6 + 3 * step, (int(offsets[-1]),), generator=gen)
+        b = torch.randint(-5, 5 + step, (int(offsets[-1]),), generator=gen) * 2**40
+        out.append((Ragged(a, offsets), Ragged(b, offsets)))
+    return out
+
+
+def test_geo_local_copy_trains_as_local_mode_and_syncs_every_change(local_store_after):
+    """Between syncs a GEO worker's rows take the very values that local
+    training gives on the same batches, and the sync sends each row's whole
+    change from its initial value: the server's rows become the worker's."""
+    batches = ragged_batches(6)
+    local_model = TwoTableModel("geo_vs_local")
+    local = LocalMode()
+    local_opt = torch.optim.SGD(local_model.parameters(), lr=0.1)
+    local.use(local_opt, [local_model.w])
+    for batch in batches:
+        local_model.loss(batch).backward()
+        DistributedOptimizer(local_opt, local.step).step()
+        local_opt.zero_grad()
+    local_tables = stores.local_store().tables
+
+    geo_model = TwoTableModel("geo_vs_local")
+    geo = distributed_mode("geo", 1000)  # no sync before flush()
+    geo_opt = torch.optim.SGD(geo_model.parameters(), lr=0.1)
+    spec = OptimizerSpec.from_torch(geo_opt)
+    names = ("geo_vs_local_a", "geo_vs_local_b")
+    server_tables = {
+        m.name: m.config.make_table(spec) for m in (geo_model.a, geo_model.b)
+    }
+    server = ParameterServer(0, 1, 1, "geo", server_tables, [geo_model.w.detach().clone()], None)
+    geo.use(geo_opt, [geo_model.w])
+    stores.install_store(geo.connect(WorkerLink(0, InProcessServers([server]),
+                                                lambda c: c.make_table(spec))))
+    opt = DistributedOptimizer(geo_opt, geo.step)
+    for batch in batches:
+        geo_model.loss(batch).backward()
+        opt.step()
+        opt.zero_grad()
+    torch.testing.assert_close(geo_model.w, local_model.w, rtol=0, atol=0)
+    for name in names:
+        ids, _ = local_tables[name].changed_rows()
+        ids = np.sort(ids)
+        expected = local_tables[name].pull(ids, create=False)
+        copy = geo.store.local[name]
+        assert len(copy) == len(ids) == len(local_tables[name])
+        torch.testing.assert_close(copy.pull(ids, create=False), expected, rtol=0, atol=0)
+        assert len(server.tables[name]) == 0
+    geo.flush()
+    for name in names:
+        ids = np.sort(local_tables[name].changed_rows()[0])
+        torch.testing.assert_close(
+            server.tables[name].pull(ids, create=False),
+            local_tables[name].pull(ids, create=False), rtol=1e-6, atol=1e-7,
+        )
+    assert geo.store.deltas() == {}  # all sent
+
+
 def test_async_mode_takes_the_servers_values_one_step_late(local_store_after):
     mode = distributed_mode("async")
     assert isinstance(mode, AsyncMode) and mode.servers_run_optimizer

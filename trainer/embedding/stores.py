@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -30,9 +30,12 @@ from .pending import merge_gradients, take_pulls
 from .tables import TableConfig, registered_config
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
+
+    from ..ps.tables.pooling import Pooling
 
 __all__ = [
+    "BatchPull",
     "LocalStore",
     "RowStore",
     "add_clicks",
@@ -42,6 +45,8 @@ __all__ = [
     "install_click_sink",
     "install_store",
     "local_store",
+    "pull_batch_values",
+    "push_pulls_numbered",
 ]
 
 
@@ -78,7 +83,13 @@ def distinct_of(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class RowStore(Protocol):
-    """Where a forward's rows come from: ``LocalStore``, ``RemoteStore``, ``GeoStore``."""
+    """Where a forward's rows come from: ``LocalStore``, ``RemoteStore``, ``GeoStore``.
+
+    A store whose tables are in this process (``LocalStore``, ``GeoStore``) also
+    has ``pull_values(config, values)``: a training pull of a batch's ids as
+    they come, made distinct in the pull's own pass (``pull_batch_values``),
+    which ``SparseEmbedding`` prefers.
+    """
 
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
         """Rows [len(ids), dim] of distinct int64 ``ids``."""
@@ -139,31 +150,13 @@ class LocalStore:
         the distinct ids (int64 tensor), their rows (float32 numpy) and each
         value's position among them (int64 numpy). Keeps the row numbers for
         the push of the distinct ids' tensor."""
-        table = self.table(config)
-        unique, positions, rows, pulled = pull_distinct_numbered(table, values.numpy())
-        _keep_pull(config.name, pulled)
-        pulled.source = torch.from_numpy(unique.view(np.int64))
-        return pulled.source, rows, positions
+        pulled = pull_batch_values(config.name, self.table(config), values)
+        return pulled.source, pulled.values, pulled.positions
 
     def push_pending(self) -> None:
-        """Pushes this thread's pending sparse gradients (``take_gradients``).
-        A table pulled once since the last push is pushed at its pull's row
-        numbers, its rows' gradient taken from the pooled output's in the
-        optimizer's own pass (``push_pooled_numbered``); the rest as ``push``."""
-        items = take_pulls()
-        numbered = getattr(_pulled_here, "tables", None) or {}
-        pulls = collections.Counter(name for name, _, _, _ in items)
-        rest = []
-        for name, ids, output, pooling in items:
-            pulled, table = numbered.get(name), self.tables.get(name)
-            if (
-                pulls[name] == 1 and pulled is not None and table is not None
-                and pulled.source is ids  # this pull's own ids
-                and push_pooled_numbered(table, output.grad, pooling, pulled)
-            ):
-                del numbered[name]
-            else:
-                rest.append((name, ids, output, pooling))
+        """Pushes this thread's pending sparse gradients (``take_gradients``):
+        ``push_pulls_numbered``, the rest as ``push``."""
+        _, rest = push_pulls_numbered(self.tables)
         if rest:
             self.push(merge_gradients(rest))
 
@@ -188,6 +181,55 @@ class LocalStore:
 
 # Each thread's last training pull of each local table (its row numbers).
 _pulled_here = threading.local()
+
+
+class BatchPull(NamedTuple):
+    """``pull_batch_values``' result: the distinct ids (int64 tensor, the
+    pull's ``source``), their rows (float32 numpy), each value's position
+    among them (int64 numpy) and the pull (its row numbers)."""
+
+    source: torch.Tensor
+    values: np.ndarray
+    positions: np.ndarray
+    pulled: PulledRows
+
+
+def pull_batch_values(name: str, table: SparseTable, values: torch.Tensor) -> BatchPull:
+    """A training pull from an in-process ``table`` of a batch's ids as they come
+    (int64, repeats included), made distinct in the same pass over them
+    (``pull_distinct_numbered``). The row numbers are kept, as this thread's
+    last pull of ``name``, for ``push_pulls_numbered``."""
+    unique, positions, rows, pulled = pull_distinct_numbered(table, values.numpy())
+    _keep_pull(name, pulled)
+    pulled.source = torch.from_numpy(unique.view(np.int64))
+    return BatchPull(pulled.source, rows, positions, pulled)
+
+
+def push_pulls_numbered(
+    tables: Mapping[str, SparseTable],
+) -> tuple[dict[str, PulledRows], list[tuple[str, torch.Tensor, torch.Tensor, Pooling]]]:
+    """Takes this thread's pending pulls (``take_pulls``) and pushes those
+    that can go at their pull's row numbers: a table of ``tables`` pulled
+    once since the last push, by ``pull_batch_values``, whose rows' gradient
+    is taken from the pooled output's in the optimizer's own pass
+    (``push_pooled_numbered``). Returns the pulls so pushed, by table, and
+    the pending pulls left for the caller to push."""
+    items = take_pulls()
+    numbered = getattr(_pulled_here, "tables", None) or {}
+    pulls = collections.Counter(name for name, _, _, _ in items)
+    pushed: dict[str, PulledRows] = {}
+    rest = []
+    for name, ids, output, pooling in items:
+        pulled, table = numbered.get(name), tables.get(name)
+        if (
+            pulls[name] == 1 and pulled is not None and table is not None
+            and pulled.source is ids  # this pull's own ids
+            and push_pooled_numbered(table, output.grad, pooling, pulled)
+        ):
+            pushed[name] = numbered.pop(name)
+        else:
+            rest.append((name, ids, output, pooling))
+    return pushed, rest
 
 
 def _keep_pull(name: str, pulled: PulledRows) -> None:

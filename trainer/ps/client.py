@@ -3,8 +3,8 @@ step is pushed, per mode.
 
 * ``RemoteStore`` (async, sync): a forward pulls its table's distinct ids from
   the servers that own them, all servers in parallel.
-* ``GeoStore`` (GEO): a forward reads a local copy of the rows; ids it has not
-  seen are pulled from the servers first. Training updates the local copy; every
+* ``GeoStore`` (GEO): a forward reads a local copy of the rows; a row it has not
+  seen starts from its initial value. Training updates the local copy; every
   k steps the worker pushes each touched row's change since its last sync
   (delta) and takes the servers' merged value back.
 * ``DistributedOptimizer``: what ``fleet.distributed_optimizer`` returns; its
@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..embedding import stores
+from ..embedding.pending import merge_gradients
 from ..embedding.tables import TableConfig
 from ..loop.dense_update import clear_grads
 from . import server as handlers
@@ -292,8 +294,16 @@ class _GeoTable:
         self.ids = np.zeros(0, dtype=np.uint64)
         self.touched = np.zeros(0, dtype=bool)
 
-    def add_rows(self, before: int, after: int, new_ids: np.ndarray) -> None:
-        """Rows ``before..after-1`` were just created for ``new_ids``."""
+    def add_rows(self, before: int, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Notes the rows created since the table had ``before``: those of
+        ``rows`` (the row numbers found for ``ids``) from ``before`` on."""
+        after = len(self.table)
+        if after == before:
+            return
+        # New rows are numbered in order of first appearance.
+        new = rows >= before
+        new_ids = np.empty(after - before, dtype=np.uint64)
+        new_ids[rows[new] - before] = ids[new]
         if after > self.base.shape[0]:
             size = max(after, 2 * self.base.shape[0])
             self.base = _grown(self.base, size)
@@ -368,18 +378,25 @@ class GeoStore:
 
     def _create(self, geo: _GeoTable, ids: np.ndarray) -> np.ndarray:
         """Row numbers of ``ids``, creating absent rows (base: their initial value)."""
-        table = geo.table
         with self._lock:
-            before = len(table)
-            rows = table.rows(ids, create=True)
-            after = len(table)
-            if after > before:
-                # New rows are numbered in order of first appearance.
-                new = rows >= before
-                new_ids = np.empty(after - before, dtype=np.uint64)
-                new_ids[rows[new] - before] = ids[new]
-                geo.add_rows(before, after, new_ids)
+            before = len(geo.table)
+            rows = geo.table.rows(ids, create=True)
+            geo.add_rows(before, ids, rows)
         return rows
+
+    def pull_values(
+        self, config: TableConfig, values: torch.Tensor
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """A training pull of a batch's ids as they come, repeats included, from
+        the local copy (``stores.pull_batch_values``: made distinct in the same
+        pass), absent rows created as ``pull`` creates them: the distinct ids,
+        their rows and each value's position among them."""
+        geo = self._geo(config)
+        with self._lock:
+            before = len(geo.table)
+            pull = stores.pull_batch_values(config.name, geo.table, values)
+            geo.add_rows(before, pull.pulled.ids, pull.pulled.rows)
+        return pull.source, pull.values, pull.positions
 
     def _rows_of(self, name: str, ids: np.ndarray) -> np.ndarray:
         last = getattr(self._last, "rows", None) or {}
@@ -392,6 +409,19 @@ class GeoStore:
             ):
                 return rows
         return self._create(self._tables[name], ids)
+
+    def push_pending(self) -> None:
+        """Trains the local rows on this thread's pending gradients: at the row
+        numbers of their pulls where it can (``stores.push_pulls_numbered``),
+        the rest through ``apply``; notes what changed."""
+        tables = dict(self._tables)
+        pushed, rest = stores.push_pulls_numbered({n: g.table for n, g in tables.items()})
+        if pushed:
+            with self._lock:
+                for name, pulled in pushed.items():
+                    tables[name].touched[pulled.rows] = True
+        if rest:
+            self.apply(merge_gradients(rest))
 
     def apply(self, gradients: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
         """Trains the local rows (the table's optimizer) and notes what changed."""

@@ -319,7 +319,7 @@ class GeoMode(TrainingMode):
         """Trains the local copy; every ``k_steps``-th step sends a sync."""
         store = self._store()
         step_from_grads(self._torch_optimizer())
-        store.apply(pending.take_gradients())
+        store.push_pending()
         with self._lock:
             self._steps += 1
             due = self._steps % self.k_steps == 0
