@@ -139,7 +139,7 @@ class LocalStore:
         if not training:
             return table.pull(ids, create=False)
         rows, pulled = pull_numbered(table, ids)
-        _keep_pull(config.name, pulled)
+        _keep_pull(table, pulled)
         return rows
 
     def pull_values(
@@ -150,7 +150,7 @@ class LocalStore:
         the distinct ids (int64 tensor), their rows (float32 numpy) and each
         value's position among them (int64 numpy). Keeps the row numbers for
         the push of the distinct ids' tensor."""
-        pulled = pull_batch_values(config.name, self.table(config), values)
+        pulled = pull_batch_values(self.table(config), values)
         return pulled.source, pulled.values, pulled.positions
 
     def push_pending(self) -> None:
@@ -164,13 +164,13 @@ class LocalStore:
         """Applies each table's optimizer to its rows' gradients: at the row
         numbers of this thread's last pull when those were its ids (the ids
         are then looked up once per step), else looked up now."""
-        numbered = getattr(_pulled_here, "tables", None) or {}
         for name, (ids, grads) in gradients.items():
-            pulled = numbered.pop(name, None)
+            table = self.tables[name]
+            pulled = _take_kept_pull(table)
             if pulled is not None and pulled.matches(ids):
-                push_numbered(self.tables[name], grads, pulled)
+                push_numbered(table, grads, pulled)
             else:
-                self.tables[name].push(ids, grads)
+                table.push(ids, grads)
 
     def clear(self) -> None:
         """Drops every table and starts again at pass 0 (tests; a fresh model)."""
@@ -179,7 +179,10 @@ class LocalStore:
             self.pass_id = 0
 
 
-# Each thread's last training pull of each local table (its row numbers).
+# Each thread's last training pull of each in-process table: table name ->
+# (the table, the pull with its row numbers). A push uses a kept pull only for
+# the very table it came from (a GEO worker's copy and a local table may share
+# a name).
 _pulled_here = threading.local()
 
 
@@ -194,13 +197,13 @@ class BatchPull(NamedTuple):
     pulled: PulledRows
 
 
-def pull_batch_values(name: str, table: SparseTable, values: torch.Tensor) -> BatchPull:
+def pull_batch_values(table: SparseTable, values: torch.Tensor) -> BatchPull:
     """A training pull from an in-process ``table`` of a batch's ids as they come
     (int64, repeats included), made distinct in the same pass over them
     (``pull_distinct_numbered``). The row numbers are kept, as this thread's
-    last pull of ``name``, for ``push_pulls_numbered``."""
+    last pull of ``table``, for ``push_pulls_numbered``."""
     unique, positions, rows, pulled = pull_distinct_numbered(table, values.numpy())
-    _keep_pull(name, pulled)
+    _keep_pull(table, pulled)
     pulled.source = torch.from_numpy(unique.view(np.int64))
     return BatchPull(pulled.source, rows, positions, pulled)
 
@@ -215,28 +218,43 @@ def push_pulls_numbered(
     (``push_pooled_numbered``). Returns the pulls so pushed, by table, and
     the pending pulls left for the caller to push."""
     items = take_pulls()
-    numbered = getattr(_pulled_here, "tables", None) or {}
     pulls = collections.Counter(name for name, _, _, _ in items)
     pushed: dict[str, PulledRows] = {}
     rest = []
     for name, ids, output, pooling in items:
-        pulled, table = numbered.get(name), tables.get(name)
+        table = tables.get(name)
+        pulled = None if table is None or pulls[name] != 1 else _kept_pull(table)
         if (
-            pulls[name] == 1 and pulled is not None and table is not None
+            pulled is not None
             and pulled.source is ids  # this pull's own ids
             and push_pooled_numbered(table, output.grad, pooling, pulled)
         ):
-            pushed[name] = numbered.pop(name)
+            pushed[name] = _take_kept_pull(table)
         else:
             rest.append((name, ids, output, pooling))
     return pushed, rest
 
 
-def _keep_pull(name: str, pulled: PulledRows) -> None:
-    numbered = getattr(_pulled_here, "tables", None)
-    if numbered is None:
-        numbered = _pulled_here.tables = {}
-    numbered[name] = pulled
+def _keep_pull(table: SparseTable, pulled: PulledRows) -> None:
+    kept = getattr(_pulled_here, "tables", None)
+    if kept is None:
+        kept = _pulled_here.tables = {}
+    kept[table.name] = (table, pulled)
+
+
+def _kept_pull(table: SparseTable) -> PulledRows | None:
+    """This thread's last training pull of ``table`` (None: none kept)."""
+    kept = getattr(_pulled_here, "tables", None)
+    found = None if kept is None else kept.get(table.name)
+    return found[1] if found is not None and found[0] is table else None
+
+
+def _take_kept_pull(table: SparseTable) -> PulledRows | None:
+    """``_kept_pull``, forgotten."""
+    pulled = _kept_pull(table)
+    if pulled is not None:
+        del _pulled_here.tables[table.name]
+    return pulled
 
 _local_store = LocalStore()
 _store: RowStore = _local_store

@@ -394,7 +394,7 @@ class GeoStore:
         geo = self._geo(config)
         with self._lock:
             before = len(geo.table)
-            pull = stores.pull_batch_values(config.name, geo.table, values)
+            pull = stores.pull_batch_values(geo.table, values)
             geo.add_rows(before, pull.pulled.ids, pull.pulled.rows)
         return pull.source, pull.values, pull.positions
 
