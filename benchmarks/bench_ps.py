@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -228,31 +228,36 @@ def run_job(
     workers' results. ``key``: the job key (None: the transport's
     unauthenticated NULL mechanism). ``delay``: the workers reach the servers
     through a relay adding that many seconds each way (tests/helpers/latency_relay.py)."""
-    config = {
-        "key": key,
-        "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
-        "servers": [f"127.0.0.1:{free_port()}" for _ in range(servers)],
-        "files": [str(f) for f in files],
-        "epochs": args.epochs, "batch_size": args.batch_size, "dim": args.dim, "lr": args.lr,
-        "dense_lr": args.dense_lr, "out": str(tmp / f"{mode}.result"),
-        "profile": f"{args.profile}.{mode}" if args.profile else "",
-    }
-    with relayed(config["servers"], delay) as seen_by_workers:
-        commands = []
-        roles = [("server", i) for i in range(servers)] + [("worker", 0), ("worker", 1)]
-        for role, index in roles:
-            # --profile: py-spy samples the server (its handlers run on the
-            # transport's threads, out of cProfile's reach).
-            spy = ["py-spy", "record", "-r", "250", "--nonblocking", "-f", "raw",
-                   "-o", f"{args.profile}.server.{mode}.txt", "--"]
-            own = {**config, "role": role, "index": index}
-            if role == "worker":
-                own["servers"] = seen_by_workers
-            commands.append((f"{mode}.{role}{index}",
-                             (spy if args.profile and role == "server" else [])
-                             + [sys.executable, __file__, "--job", json.dumps(own)]))
-        run_processes(commands, tmp, server_stops_itself=True, servers=servers)
-    return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
+    out = str(tmp / f"{mode}.result")
+
+    def attempt() -> None:
+        config = {
+            "key": key,
+            "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
+            "servers": [f"127.0.0.1:{free_port()}" for _ in range(servers)],
+            "files": [str(f) for f in files],
+            "epochs": args.epochs, "batch_size": args.batch_size, "dim": args.dim,
+            "lr": args.lr, "dense_lr": args.dense_lr, "out": out,
+            "profile": f"{args.profile}.{mode}" if args.profile else "",
+        }
+        with relayed(config["servers"], delay) as seen_by_workers:
+            commands = []
+            roles = [("server", i) for i in range(servers)] + [("worker", 0), ("worker", 1)]
+            for role, index in roles:
+                # --profile: py-spy samples the server (its handlers run on the
+                # transport's threads, out of cProfile's reach).
+                spy = ["py-spy", "record", "-r", "250", "--nonblocking", "-f", "raw",
+                       "-o", f"{args.profile}.server.{mode}.txt", "--"]
+                own = {**config, "role": role, "index": index}
+                if role == "worker":
+                    own["servers"] = seen_by_workers
+                commands.append((f"{mode}.{role}{index}",
+                                 (spy if args.profile and role == "server" else [])
+                                 + [sys.executable, __file__, "--job", json.dumps(own)]))
+            run_processes(commands, tmp, server_stops_itself=True, servers=servers)
+
+    with_fresh_ports(attempt, f"fleetfeed {mode} job")
+    return [json.loads(Path(out + f".{i}").read_text()) for i in range(2)]
 
 
 # The bytes each relayed job's relay carried, in the order the jobs ran: shows
@@ -279,28 +284,54 @@ def run_paddle_job(mode: str, args: argparse.Namespace, files: list[Path], vocab
                    tmp: Path, delay: float | None = None) -> list[dict]:
     """The same job on Paddle's parameter server (benchmarks/paddle_ps.py);
     ``delay``: through a relay, as ``run_job``."""
-    config = {
-        "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
-        "servers": [f"127.0.0.1:{free_port()}"],
-        "worker_endpoints": [f"127.0.0.1:{free_port()}" for _ in range(2)],
-        "files": [str(f) for f in files], "vocab": vocab, "epochs": args.epochs,
-        "batch_size": args.batch_size, "dim": args.dim, "lr": args.lr, "dense_lr": args.dense_lr,
-        "init_scale": 0.01, "paddle_sparse_lr": args.paddle_sparse_lr,
-        "paddle_initial_g2sum": args.paddle_initial_g2sum,
-        "out": str(tmp / f"paddle-{mode}.result"),
-    }
+    out = str(tmp / f"paddle-{mode}.result")
     script = str(REPO / "benchmarks" / "paddle_ps.py")
-    with relayed(config["servers"], delay) as seen_by_workers:
-        commands = []
-        for role, index in (("server", 0), ("worker", 0), ("worker", 1)):
-            own = {**config, "role": role, "index": index}
-            if role == "worker":
-                own["servers"] = seen_by_workers  # a relay answers before its server
-                own["server_listening"] = config["servers"][0]
-            commands.append((f"paddle-{mode}.{role}{index}",
-                             [args.paddle_python, script, json.dumps(own)]))
-        run_processes(commands, tmp, server_stops_itself=False)
-    return [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
+
+    def attempt() -> None:
+        config = {
+            "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
+            "servers": [f"127.0.0.1:{free_port()}"],
+            "worker_endpoints": [f"127.0.0.1:{free_port()}" for _ in range(2)],
+            "files": [str(f) for f in files], "vocab": vocab, "epochs": args.epochs,
+            "batch_size": args.batch_size, "dim": args.dim, "lr": args.lr,
+            "dense_lr": args.dense_lr, "init_scale": 0.01,
+            "paddle_sparse_lr": args.paddle_sparse_lr,
+            "paddle_initial_g2sum": args.paddle_initial_g2sum, "out": out,
+        }
+        with relayed(config["servers"], delay) as seen_by_workers:
+            commands = []
+            for role, index in (("server", 0), ("worker", 0), ("worker", 1)):
+                own = {**config, "role": role, "index": index}
+                if role == "worker":
+                    own["servers"] = seen_by_workers  # a relay answers before its server
+                    own["server_listening"] = config["servers"][0]
+                commands.append((f"paddle-{mode}.{role}{index}",
+                                 [args.paddle_python, script, json.dumps(own)]))
+            run_processes(commands, tmp, server_stops_itself=False)
+
+    with_fresh_ports(attempt, f"Paddle {mode} job")
+    return [json.loads(Path(out + f".{i}").read_text()) for i in range(2)]
+
+
+class PortTaken(RuntimeError):
+    """A job's process could not listen: the port ``free_port`` chose was given
+    to another socket before the process bound it (free_port's race: between
+    its close and the bind, any process may be given that port, as its own
+    bind(0) or as a connection's local port). The job trained nothing."""
+
+
+def with_fresh_ports(attempt: Callable[[], None], what: str, attempts: int = 3) -> None:
+    """Runs ``attempt`` (one job, choosing its ports with ``free_port``) again,
+    on fresh ports, when a port was taken (``PortTaken``), up to ``attempts`` times."""
+    for tried in range(1, attempts + 1):
+        try:
+            attempt()
+            return
+        except PortTaken as taken:
+            if tried == attempts:
+                raise
+            print(f"{what}: {taken.args[0].splitlines()[0]}; a port chosen free was taken "
+                  "before the job bound it: running the job again on fresh ports", flush=True)
 
 
 def run_processes(
@@ -347,7 +378,8 @@ def run_processes(
     if failed:
         tails = "\n".join(f"--- {name}.log:\n" + (tmp / f"{name}.log").read_text()[-2000:]
                           for name, _ in commands)
-        raise RuntimeError(f"{commands[0][0].split('.')[0]} job failed: {failed}\n{tails}")
+        error = PortTaken if "Address already in use" in tails else RuntimeError
+        raise error(f"{commands[0][0].split('.')[0]} job failed: {failed}\n{tails}")
 
 
 def summarize(runs: list[list[dict]]) -> dict:

@@ -12,6 +12,10 @@ Adagrad) on 16 tiny files, one a worker, two epochs of ``train_from_dataset``:
    each its rows by id), train nothing and save it again; every table's rows
    (ids, weights, Adagrad sums, show, click, last-seen pass) must be identical
    in the two checkpoints, or the run fails.
+4. ``4 + 8``: the job restarts from the re-sharded checkpoint with half the
+   workers. Worker 0 reads the held-out AUC before any training, which must be
+   the ``8 + 16`` job's last (the model came back whole, dense values
+   included), then all 8 train one more epoch over the 16 files.
 
 Each process writes when it reached each stage (the clock of this machine):
 started (the script's first line), imported (torch and fleetfeed), fleet.init
@@ -115,7 +119,13 @@ def job(config: dict) -> None:
     fleet.barrier_worker()
     stages["ready"] = time.time()
     records = 0
-    if not config["load"]:
+    auc_at_start = None
+    if config["load"]:
+        if fleet.is_first_worker():
+            auc_at_start = heldout_auc(model, config["heldout"])
+        fleet.barrier_worker()  # nobody trains before worker 0 has read the loaded model
+    stages["training"] = time.time()
+    if config["epochs"]:
         train = load(files, 256, 1)
         for epoch in range(config["epochs"]):
             train.local_shuffle(seed=100 * index + epoch)
@@ -126,14 +136,15 @@ def job(config: dict) -> None:
     fleet.barrier_worker()  # every worker's pushes applied; the servers' dense values here
     auc = None
     if fleet.is_first_worker():
-        if not config["load"]:
+        if config["epochs"]:
             auc = heldout_auc(model, config["heldout"])
         fleet.save_persistables(config["save"])
     stages["saved"] = time.time()
     fleet.stop_worker()
     stages["stopped"] = time.time()
     (out_dir / f"worker{index}.json").write_text(
-        json.dumps({"stages": stages, "records": records, "auc": auc})
+        json.dumps({"stages": stages, "records": records, "auc": auc,
+                    "auc_at_start": auc_at_start})
     )
 
 
@@ -183,7 +194,7 @@ def startup(run: dict) -> dict:
         "connect": max(w["connected"] - w["fleet_init"] for w in workers),
         "barrier": max(w["ready"] - w["connected"] for w in workers),
         "stop": run["ended"] - min(w["trained"] for w in workers),
-        "train": max(w["trained"] for w in workers) - max(w["ready"] for w in workers),
+        "train": max(w["trained"] for w in workers) - max(w["training"] for w in workers),
     }
 
 
@@ -239,12 +250,12 @@ def identical_rows(left: str, right: str) -> dict[str, int]:
     return counts
 
 
-def report(args: argparse.Namespace, one: dict, many: dict, reshard: dict,
+def report(args: argparse.Namespace, runs: tuple[dict, dict, dict, dict],
            rows: dict[str, int], load: float, commit: str) -> str:
     import results_file
 
+    one, many, reshard, restart = runs
     auc_one, auc_many = auc_of(one), auc_of(many)
-    s_one, s_many, s_re = startup(one), startup(many), startup(reshard)
     cost = worker_cost(many, args.workers)
     lines = [
         "# The parameter server at ten times the processes",
@@ -260,11 +271,13 @@ def report(args: argparse.Namespace, one: dict, many: dict, reshard: dict,
         "| workers connected | barrier | training (s) | stop (s) | AUC |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, run, s in ((f"1 + {args.workers}", one, s_one),
-                         (f"{args.servers} + {args.workers}", many, s_many),
-                         (f"{args.reshard} + {args.workers}, loads the checkpoint", reshard,
-                          s_re)):
-        auc = auc_of(run)
+    for name, run in ((f"1 + {args.workers}", one),
+                      (f"{args.servers} + {args.workers}", many),
+                      (f"{args.reshard} + {args.workers}, loads the checkpoint and saves it",
+                       reshard),
+                      (f"{args.reshard} + {args.restart_workers}, restarts from the re-sharded "
+                       "checkpoint, 1 epoch", restart)):
+        auc, s = auc_of(run), startup(run)
         lines.append(
             f"| {name} | {s['total']:.1f} | {s['spawn']:.1f} | {s['imports']:.1f} "
             f"| {s['fleet_init']:.1f} | {s['listening']:.1f} | {s['connect']:.1f} "
@@ -286,6 +299,11 @@ def report(args: argparse.Namespace, one: dict, many: dict, reshard: dict,
         f"the {args.servers} servers' checkpoint and saved it again; every row of every "
         f"table identical by id ("
         + ", ".join(f"{name}: {count:,} rows" for name, count in rows.items()) + ").",
+        f"- **Restart**: {args.reshard} servers and {args.restart_workers} workers started "
+        f"from the re-sharded checkpoint; before any training worker 0 read AUC "
+        f"{restarted_auc(restart):.4f}, the {args.servers} + {args.workers} job's last "
+        f"({auc_many:.4f}): the model came back whole. One more epoch over the "
+        f"{args.workers} files then reached {auc_of(restart):.4f}.",
         f"- **What a worker costs a server** ({args.servers} + {args.workers}, median over "
         f"the servers, from before the first worker connected to all ready): "
         f"{cost['threads']:.2f} threads, {cost['sockets']:.2f} sockets and "
@@ -322,6 +340,11 @@ def push_bound(args: argparse.Namespace, base: dict, tmp: str) -> str:
     )
 
 
+def restarted_auc(run: dict) -> float:
+    """Worker 0's held-out AUC of the model as loaded, before training."""
+    return run["processes"]["worker0"]["auc_at_start"]
+
+
 def auc_of(run: dict) -> float | None:
     aucs = [p["auc"] for name, p in run["processes"].items()
             if name.startswith("worker") and p.get("auc") is not None]
@@ -336,6 +359,8 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=8)
     parser.add_argument("--reshard", type=int, default=4)
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--restart-workers", type=int, default=8,
+                        help="workers of the job that restarts from the re-sharded checkpoint")
     parser.add_argument("--push-bound", action="store_true",
                         help="only 1 + workers jobs with 1, 2, 3 and 16 pushes in flight "
                              "(results/ps_push_bound.md)")
@@ -369,15 +394,27 @@ def main() -> None:
         print(f"{args.servers} + {args.workers}: {startup(many)}, AUC {auc_of(many):.4f}",
               flush=True)
         reshard = run_job(args.reshard, args.workers,
-                          {**base, "save": resaved, "load": saved}, Path(tmp) / "reshard")
+                          {**base, "save": resaved, "load": saved, "epochs": 0},
+                          Path(tmp) / "reshard")
         rows = identical_rows(saved, resaved)
         print(f"re-shard {args.servers} -> {args.reshard}: identical rows {rows}", flush=True)
-        for name, run in (("one", one), ("many", many)):
+        restart = run_job(args.reshard, args.restart_workers,
+                          {**base, "save": str(Path(tmp) / "ckpt-restart"), "load": resaved,
+                           "epochs": 1}, Path(tmp) / "restart")
+        at_start = restarted_auc(restart)
+        print(f"{args.reshard} + {args.restart_workers} from the re-sharded checkpoint: "
+              f"AUC {at_start:.4f} at the restart, {auc_of(restart):.4f} after an epoch",
+              flush=True)
+        if abs(at_start - auc_of(many)) > 1e-6:
+            raise SystemExit(f"the restarted job's model reads AUC {at_start:.6f}, the "
+                             f"saved one's {auc_of(many):.6f}: the checkpoint came back changed")
+        for name, run, epochs in (("one", one, args.epochs), ("many", many, args.epochs),
+                                  ("restart", restart, 1)):
             trained = sum(p.get("records", 0) for p in run["processes"].values())
-            if trained != args.epochs * args.workers * args.lines:
+            if trained != epochs * args.workers * args.lines:
                 raise SystemExit(f"the {name} job trained {trained} records, not "
-                                 f"{args.epochs * args.workers * args.lines}")
-        text = report(args, one, many, reshard, rows, load, commit)
+                                 f"{epochs * args.workers * args.lines}")
+        text = report(args, (one, many, reshard, restart), rows, load, commit)
     print(text)
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -319,39 +319,46 @@ def run_ps(who: str, mode: str, args: argparse.Namespace, files: list[Path], hel
     workers reach the server through a relay adding that many seconds each way
     (``bench_ps.relayed``). ``pull_ahead``: fleetfeed's
     ``a_sync_configs["pull_ahead"]`` (-1: from the round trip; 0: off)."""
-    config = {
-        "pull_ahead": pull_ahead,
-        "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
-        "servers": [f"127.0.0.1:{bench_ps.free_port()}"],
-        "worker_files": [[str(f) for f in files[0:2]], [str(f) for f in files[2:4]]],
-        "heldout": str(held), "batch_size": 256, "epochs": args.epochs, "seed": 0,
-        "lr": 0.1, "init_scale": 0.01, "out": str(tmp / f"{who}-{mode}.result"),
-    }
-    roles = (("server", 0), ("worker", 0), ("worker", 1))
-    with bench_ps.relayed(config["servers"], delay) as seen_by_workers:
+    result_path = str(tmp / f"{who}-{mode}.result")
 
-        def own(role: str, index: int) -> str:
-            mine = {**config, "role": role, "index": index}
-            if role == "worker":
-                mine["servers"] = seen_by_workers  # a relay answers before its server
-                mine["server_listening"] = config["servers"][0]
-            return json.dumps(mine)
+    def attempt() -> None:
+        config = {
+            "pull_ahead": pull_ahead,
+            "mode": mode, "k": args.k_steps if mode == "geo" else 0, "workers": 2,
+            "servers": [f"127.0.0.1:{bench_ps.free_port()}"],
+            "worker_files": [[str(f) for f in files[0:2]], [str(f) for f in files[2:4]]],
+            "heldout": str(held), "batch_size": 256, "epochs": args.epochs, "seed": 0,
+            "lr": 0.1, "init_scale": 0.01, "out": result_path,
+        }
+        roles = (("server", 0), ("worker", 0), ("worker", 1))
+        with bench_ps.relayed(config["servers"], delay) as seen_by_workers:
 
-        if who == "fleetfeed":
-            config["key"] = bench_ps.JOB_KEY  # what fleetrun gives a job
-            commands = [(f"{mode}.{r}{i}", [sys.executable, __file__, "--job", own(r, i)])
-                        for r, i in roles]
-            bench_ps.run_processes(commands, tmp, server_stops_itself=True)
-        else:
-            config.update({
-                "worker_endpoints": [f"127.0.0.1:{bench_ps.free_port()}" for _ in range(2)],
-                "dense_lr": args.paddle_dense_lr, "paddle_sparse_lr": args.paddle_sparse_lr,
-                "paddle_initial_g2sum": args.paddle_initial_g2sum,
-            })
-            commands = [(f"paddle-{mode}.{r}{i}", [args.paddle_ps, str(PADDLE_SCRIPT), own(r, i)])
-                        for r, i in roles]
-            bench_ps.run_processes(commands, tmp, server_stops_itself=False)
-    workers = [json.loads(Path(config["out"] + f".{i}").read_text()) for i in range(2)]
+            def own(role: str, index: int) -> str:
+                mine = {**config, "role": role, "index": index}
+                if role == "worker":
+                    mine["servers"] = seen_by_workers  # a relay answers before its server
+                    mine["server_listening"] = config["servers"][0]
+                return json.dumps(mine)
+
+            if who == "fleetfeed":
+                config["key"] = bench_ps.JOB_KEY  # what fleetrun gives a job
+                commands = [(f"{mode}.{r}{i}", [sys.executable, __file__, "--job", own(r, i)])
+                            for r, i in roles]
+                bench_ps.run_processes(commands, tmp, server_stops_itself=True)
+            else:
+                config.update({
+                    "worker_endpoints": [f"127.0.0.1:{bench_ps.free_port()}" for _ in range(2)],
+                    "dense_lr": args.paddle_dense_lr, "paddle_sparse_lr": args.paddle_sparse_lr,
+                    "paddle_initial_g2sum": args.paddle_initial_g2sum,
+                })
+                commands = [
+                    (f"paddle-{mode}.{r}{i}", [args.paddle_ps, str(PADDLE_SCRIPT), own(r, i)])
+                    for r, i in roles
+                ]
+                bench_ps.run_processes(commands, tmp, server_stops_itself=False)
+
+    bench_ps.with_fresh_ports(attempt, f"{who} {mode} job")
+    workers = [json.loads(Path(result_path + f".{i}").read_text()) for i in range(2)]
     check_records(f"{who} PS {mode}", sum(w["records"] for w in workers), args)
     out = {
         "records_per_s": sum(w["records"] for w in workers) / max(w["seconds"] for w in workers),
