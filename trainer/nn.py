@@ -221,8 +221,8 @@ class SparseEmbedding(nn.Module):
         """Each value's row (``offsets`` None; viewed as ``shape``) or each
         record's rows pooled (trainer/ps/tables/pooling.py). Training: the pooled
         output is a leaf of its own, and the rows' gradient comes from its
-        gradient when the optimizer pushes (``pending.take_gradients``), with
-        no autograd node of the pooling."""
+        gradient when the optimizer pushes (``pending.take_pulls``), with no
+        autograd node of the pooling."""
         pooling = Pooling(positions, offsets, self.mode == "mean", rows.shape[0])
         out = pool(rows, pooling)
         if shape is not None:

@@ -4,6 +4,7 @@ checked value by value without sockets."""
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -91,6 +92,9 @@ def test_geo_mode_sends_deltas_every_k_steps(local_store_after):
     assert server.dense[0].tolist() == [-4.0, -4.0] == model.bias.tolist()
 
 
+_fresh = itertools.count()
+
+
 class TwoTableModel(nn.Module):
     """Table ``a`` read twice per forward (sum and mean pooling of one Ragged
     input: its two pulls are pushed merged) and table ``b`` once (pushed at
@@ -126,12 +130,19 @@ def ragged_batches(steps: int) -> list:
     return out
 
 
-def test_geo_local_copy_trains_as_local_mode_and_syncs_every_change(local_store_after):
+def test_geo_local_copy_trains_as_local_mode_and_syncs_every_change(
+    local_store_after, monkeypatch
+):
     """Between syncs a GEO worker's rows take the very values that local
     training gives on the same batches, and the sync sends each row's whole
-    change from its initial value: the server's rows become the worker's."""
+    change from its initial value: the server's rows become the worker's.
+    Table ``b`` (one pull a step) is pushed at its pull's row numbers, never
+    through ``GeoStore.apply``; table ``a`` (two pulls a step) goes there."""
+    from trainer.ps.client import GeoStore
+
+    prefix = f"geo_vs_local_{next(_fresh)}"
     batches = ragged_batches(6)
-    local_model = TwoTableModel("geo_vs_local")
+    local_model = TwoTableModel(prefix)
     local = LocalMode()
     local_opt = torch.optim.SGD(local_model.parameters(), lr=0.1)
     local.use(local_opt, [local_model.w])
@@ -141,23 +152,33 @@ def test_geo_local_copy_trains_as_local_mode_and_syncs_every_change(local_store_
         local_opt.zero_grad()
     local_tables = stores.local_store().tables
 
-    geo_model = TwoTableModel("geo_vs_local")
+    geo_model = TwoTableModel(prefix)
     geo = distributed_mode("geo", 1000)  # no sync before flush()
     geo_opt = torch.optim.SGD(geo_model.parameters(), lr=0.1)
     spec = OptimizerSpec.from_torch(geo_opt)
-    names = ("geo_vs_local_a", "geo_vs_local_b")
+    names = (f"{prefix}_a", f"{prefix}_b")
+    applied: list[str] = []
+    real_apply = GeoStore.apply
+
+    def spied_apply(store, gradients):
+        applied.extend(gradients)
+        real_apply(store, gradients)
+
+    monkeypatch.setattr(GeoStore, "apply", spied_apply)
     server_tables = {
         m.name: m.config.make_table(spec) for m in (geo_model.a, geo_model.b)
     }
     server = ParameterServer(0, 1, 1, "geo", server_tables, [geo_model.w.detach().clone()], None)
     geo.use(geo_opt, [geo_model.w])
-    stores.install_store(geo.connect(WorkerLink(0, InProcessServers([server]),
-                                                lambda c: c.make_table(spec))))
+    stores.install_store(geo.connect(WorkerLink(
+        0, InProcessServers([server]), lambda c: c.make_table(spec, lifecycle=False)
+    )))
     opt = DistributedOptimizer(geo_opt, geo.step)
     for batch in batches:
         geo_model.loss(batch).backward()
         opt.step()
         opt.zero_grad()
+    assert applied == [names[0]] * len(batches)
     torch.testing.assert_close(geo_model.w, local_model.w, rtol=0, atol=0)
     for name in names:
         ids, _ = local_tables[name].changed_rows()

@@ -3,8 +3,10 @@ sparse optimizers against torch's dense ones."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -507,6 +509,33 @@ def test_hogwild_threads_push_their_own_pulls():
         t.join(timeout=60)
     assert not errors
     assert evaluate(model, synthetic(1000, seed=4)) > 0.75
+
+
+def test_geo_store_refuses_a_local_copy_that_could_drop_rows():
+    """A GEO worker's copy keeps base, ids and touched aligned with its row
+    numbers: a table that admits or evicts (entry, max_rows) cannot be one."""
+    from trainer.embedding.tables import TableConfig
+    from trainer.ps.client import GeoStore
+
+    config = TableConfig(fresh("geo"), 2, 0, 0.01, None, max_rows=10)
+    spec = OptimizerSpec("sgd", {"lr": 1.0})
+    store = GeoStore(None, lambda c: c.make_table(spec))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"admits and evicts nothing .*max_rows 10"):
+        store.pull(config, torch.tensor([1, 2]), training=True)
+    lifecycle_free = GeoStore(None, lambda c: c.make_table(spec, lifecycle=False))  # type: ignore[arg-type]
+    assert lifecycle_free.pull(config, torch.tensor([1, 2]), training=True).shape == (2, 2)
+
+
+def test_a_kept_pull_does_not_keep_a_dropped_table_alive():
+    """The row numbers a training pull keeps for its push refer to their table
+    weakly: a table dropped before the push is freed."""
+    emb = SparseEmbedding(2, fresh())
+    emb(torch.tensor([1, 2]))  # a training pull, its row numbers kept
+    table = weakref.ref(stores.local_store().tables[emb.name])
+    del stores.local_store().tables[emb.name]
+    pending.clear_pending()
+    gc.collect()
+    assert table() is None
 
 
 def test_geo_store_trains_locally_and_merges_keeping_local_progress():

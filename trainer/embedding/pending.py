@@ -1,8 +1,10 @@
 """The pending pulls of each thread: what a training forward pulled, until its push.
 
 Each training forward records the unique ids it pulled and the leaf tensor of
-their pooled rows (``record``); the distributed optimizer's ``step()`` collects
-their gradients (``take_gradients``) and pushes them. Pending pulls are per
+their pooled rows (``record``); the distributed optimizer's ``step()`` takes
+them (``take_pulls``) and pushes their gradients: at the pull's row numbers for
+tables in this process (``stores.push_pulls_numbered``), else merged per table
+(``take_gradients``). Pending pulls are per
 thread, so Hogwild trainer threads sharing one model each push what they pulled.
 """
 

@@ -2,15 +2,19 @@
 
 The row store a forward pulls from is ``LocalStore`` (in-process tables) unless
 a runtime installed another one (``install_store``: a parameter-server worker's
-``RemoteStore`` or ``GeoStore``). ``distinct`` gives the distinct ids of a
-forward's input, shared by the tables that take the same input; click
-statistics go to the local tables or to the sink a PS worker installed.
+``RemoteStore`` or ``GeoStore``). Tables in this process (``LocalStore``, a
+GEO worker's copy) pull a batch's ids as they come and push at the row numbers
+their pull found (``pull_batch_values``, ``push_pulls_numbered``). For the
+servers, ``distinct`` gives the distinct ids of a forward's input, shared by
+the tables that take the same input. Click statistics go to the local tables
+or to the sink a PS worker installed.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
@@ -44,6 +48,7 @@ __all__ = [
     "distinct_of",
     "install_click_sink",
     "install_store",
+    "kept_rows",
     "local_store",
     "pull_batch_values",
     "push_pulls_numbered",
@@ -180,9 +185,9 @@ class LocalStore:
 
 
 # Each thread's last training pull of each in-process table: table name ->
-# (the table, the pull with its row numbers). A push uses a kept pull only for
-# the very table it came from (a GEO worker's copy and a local table may share
-# a name).
+# (a weak reference to the table, the pull with its row numbers). A push uses a
+# kept pull only for the very table it came from (a GEO worker's copy and a
+# local table may share a name); a table dropped meanwhile is not kept alive.
 _pulled_here = threading.local()
 
 
@@ -239,14 +244,14 @@ def _keep_pull(table: SparseTable, pulled: PulledRows) -> None:
     kept = getattr(_pulled_here, "tables", None)
     if kept is None:
         kept = _pulled_here.tables = {}
-    kept[table.name] = (table, pulled)
+    kept[table.name] = (weakref.ref(table), pulled)
 
 
 def _kept_pull(table: SparseTable) -> PulledRows | None:
     """This thread's last training pull of ``table`` (None: none kept)."""
     kept = getattr(_pulled_here, "tables", None)
     found = None if kept is None else kept.get(table.name)
-    return found[1] if found is not None and found[0] is table else None
+    return found[1] if found is not None and found[0]() is table else None
 
 
 def _take_kept_pull(table: SparseTable) -> PulledRows | None:
@@ -255,6 +260,16 @@ def _take_kept_pull(table: SparseTable) -> PulledRows | None:
     if pulled is not None:
         del _pulled_here.tables[table.name]
     return pulled
+
+
+def kept_rows(table: SparseTable, ids: np.ndarray) -> np.ndarray | None:
+    """The row numbers that this thread's last training pull of ``table``
+    found for ``ids`` (the pull then forgotten), when it pulled these very
+    ids and the table has not renumbered its rows since; else None."""
+    pulled = _take_kept_pull(table)
+    if pulled is None or pulled.stamp != table.renumbered or not pulled.matches(ids):
+        return None
+    return pulled.rows
 
 _local_store = LocalStore()
 _store: RowStore = _local_store

@@ -289,6 +289,14 @@ class _GeoTable:
     (each row's id) and ``touched`` (trained since the last sync)."""
 
     def __init__(self, table: SparseTable) -> None:
+        if table.entry is not None or table.max_rows is not None:
+            # Rows are numbered once, in order of creation, and never dropped:
+            # base, ids and touched are aligned with them.
+            raise ValueError(
+                f"GEO table '{table.name}': a worker's local copy admits and evicts "
+                f"nothing (TableConfig.make_table(..., lifecycle=False)), got entry "
+                f"{table.entry!r}, max_rows {table.max_rows!r}"
+            )
         self.table = table
         self.base = np.zeros((0, table.dim), dtype=np.float32)
         self.ids = np.zeros(0, dtype=np.uint64)
@@ -340,8 +348,9 @@ class GeoStore:
         self._make_table = make_table
         self._lock = threading.Lock()
         self._tables: dict[str, _GeoTable] = {}
-        # Per thread: table -> (ids, row numbers) of its last training pull, so
-        # that the step's push reuses the row numbers instead of a lookup.
+        # Per thread: table -> (ids, row numbers) of its last training pull
+        # through ``pull`` (ids off the CPU), so that the step's push reuses the
+        # row numbers instead of a lookup (``pull_values`` keeps its own).
         self._last = threading.local()
 
     @property
@@ -399,6 +408,9 @@ class GeoStore:
         return pull.source, pull.values, pull.positions
 
     def _rows_of(self, name: str, ids: np.ndarray) -> np.ndarray:
+        kept = stores.kept_rows(self._tables[name].table, ids)
+        if kept is not None:  # pulled by pull_values, pushed through apply
+            return kept
         last = getattr(self._last, "rows", None) or {}
         hit = last.pop(name, None)
         if hit is not None:
