@@ -48,6 +48,7 @@ __all__ = [
     "distinct_of",
     "install_click_sink",
     "install_store",
+    "keep_rows",
     "kept_rows",
     "local_store",
     "pull_batch_values",
@@ -260,6 +261,13 @@ def _take_kept_pull(table: SparseTable) -> PulledRows | None:
     if pulled is not None:
         del _pulled_here.tables[table.name]
     return pulled
+
+
+def keep_rows(table: SparseTable, ids: np.ndarray, rows: np.ndarray) -> None:
+    """Keeps ``rows``, the row numbers just found in ``table`` for the distinct
+    uint64 ``ids`` of a training pull, as this thread's last pull of it
+    (``kept_rows``)."""
+    _keep_pull(table, PulledRows(ids, rows, table.renumbered))
 
 
 def kept_rows(table: SparseTable, ids: np.ndarray) -> np.ndarray | None:

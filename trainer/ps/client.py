@@ -348,10 +348,6 @@ class GeoStore:
         self._make_table = make_table
         self._lock = threading.Lock()
         self._tables: dict[str, _GeoTable] = {}
-        # Per thread: table -> (ids, row numbers) of its last training pull
-        # through ``pull`` (ids off the CPU), so that the step's push reuses the
-        # row numbers instead of a lookup (``pull_values`` keeps its own).
-        self._last = threading.local()
 
     @property
     def local(self) -> dict[str, SparseTable]:
@@ -379,10 +375,8 @@ class GeoStore:
                 out[missing] = self.remote.pull(config, _int64(u64[missing]), False).numpy()
             return torch.from_numpy(out)
         rows = self._create(geo, u64)
-        last = getattr(self._last, "rows", None)
-        if last is None:
-            last = self._last.rows = {}
-        last[config.name] = (u64, rows)
+        # The step's push reuses the row numbers instead of a lookup (_rows_of).
+        stores.keep_rows(table, u64, rows)
         return torch.from_numpy(table.read_rows(rows))
 
     def _create(self, geo: _GeoTable, ids: np.ndarray) -> np.ndarray:
@@ -408,19 +402,9 @@ class GeoStore:
         return pull.source, pull.values, pull.positions
 
     def _rows_of(self, name: str, ids: np.ndarray) -> np.ndarray:
-        kept = stores.kept_rows(self._tables[name].table, ids)
-        if kept is not None:  # pulled by pull_values, pushed through apply
-            return kept
-        last = getattr(self._last, "rows", None) or {}
-        hit = last.pop(name, None)
-        if hit is not None:
-            known, rows = hit
-            if known.shape == ids.shape and (
-                known.__array_interface__["data"][0] == ids.__array_interface__["data"][0]
-                or np.array_equal(known, ids)
-            ):
-                return rows
-        return self._create(self._tables[name], ids)
+        geo = self._tables[name]
+        kept = stores.kept_rows(geo.table, ids)  # this thread's pull of these ids
+        return kept if kept is not None else self._create(geo, ids)
 
     def push_pending(self) -> None:
         """Trains the local rows on this thread's pending gradients: at the row
@@ -464,8 +448,8 @@ class GeoStore:
     def clear(self) -> None:
         """Forgets every local row (the next pulls fetch the servers' values)."""
         with self._lock:
+            # Pulls this copy's threads kept die with its tables (kept weakly).
             self._tables.clear()
-            self._last = threading.local()
 
     def merge(self, name: str, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Takes the servers' merged values of rows sent by ``deltas()``: they
