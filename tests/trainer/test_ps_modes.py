@@ -22,6 +22,7 @@ from trainer.nn import SparseEmbedding
 from trainer.ps import DistributedOptimizer, OptimizerSpec, ParameterServerRuntime
 from trainer.ps.modes import AsyncMode, GeoMode, LocalMode, SyncMode, WorkerLink, distributed_mode
 from trainer.ps.server import ParameterServer
+from trainer.ps.tables.table import SparseTable
 
 
 def Strategy(mode: str, k_steps: int = 0) -> SimpleNamespace:
@@ -266,3 +267,60 @@ def test_parameter_server_mode_reads_strategies_and_paddle_like_objects():
         parameter_server_mode(Strategy("hogwild"))
     with pytest.raises(TrainerError, match=r"GEO .*a_sync_configs\['k_steps'\] >= 1, got 0"):
         parameter_server_mode(Strategy("geo"))
+
+
+def test_a_geo_sync_adds_takes_and_merges_rows_as_numpy_would():
+    """The one-pass kernels of a GEO sync give numpy's values bit for bit: a
+    server adds ``deltas * scale`` (an id not admitted gets nothing and reads
+    as zeros), a worker takes each row's change since its base, and merges
+    the servers' rows keeping what it trained since it sent."""
+    from trainer.ps.tables._row_updates import add_scaled_rows, merge_rows, take_changes
+    from trainer.ps.tables._rows import ROW_STATS_DTYPE
+
+    rng = np.random.default_rng(5)
+    weights = rng.standard_normal((6, 3)).astype(np.float32)
+    deltas = rng.standard_normal((4, 3)).astype(np.float32)
+    rows = np.array([4, -1, 0, 2], dtype=np.int64)
+    records = np.zeros(6, dtype=ROW_STATS_DTYPE)
+    expected = weights.copy()
+    expected[[4, 0, 2]] += torch.from_numpy(deltas[[0, 2, 3]]).mul(1 / 3).numpy()
+    out = np.full((4, 3), 9.0, dtype=np.float32)
+    add_scaled_rows(weights, rows, deltas, 1 / 3, out, records)
+    assert weights.tobytes() == expected.tobytes()
+    assert out[1].tolist() == [0.0] * 3 and out[[0, 2, 3]].tobytes() == weights[[4, 0, 2]].tobytes()
+    assert records["changed"].tolist() == [1, 0, 1, 0, 1, 0]
+
+    base = rng.standard_normal((6, 3)).astype(np.float32)
+    sent_rows = np.array([1, 5, 3], dtype=np.int64)
+    expected_changes = weights[sent_rows] - base[sent_rows]
+    changes = take_changes(weights, base, sent_rows)
+    assert changes.tobytes() == expected_changes.tobytes()
+    assert base[sent_rows].tobytes() == weights[sent_rows].tobytes()
+    weights[sent_rows] += 0.25  # trained after the sync was sent
+    merged = rng.standard_normal((3, 3)).astype(np.float32)
+    expected = weights.copy()
+    expected[sent_rows] = weights[sent_rows] + (merged - base[sent_rows])
+    merge_rows(weights, base, sent_rows, merged, records)
+    assert weights.tobytes() == expected.tobytes() and base[sent_rows].tobytes() == merged.tobytes()
+
+    with pytest.raises(IndexError, match="row 6 outside the table's 6 rows"):
+        take_changes(weights, base, np.array([6], dtype=np.int64))
+    with pytest.raises(IndexError, match="row -1 outside"):
+        merge_rows(weights, base, np.array([-1], dtype=np.int64), merged[:1], records)
+    with pytest.raises(ValueError, match=r"expected deltas and out of shape \(1, 3\)"):
+        add_scaled_rows(weights, rows[:1], deltas, 1.0, out, records)
+    with pytest.raises(ValueError, match="expected merged rows of shape"):
+        merge_rows(weights, base, sent_rows, merged[:2], records)
+
+
+def test_a_half_table_returns_the_rows_it_stored_from_a_geo_add():
+    """A server table of 16-bit rows adds a GEO delta to half precision and
+    answers with the rows as stored, which its next pull reads."""
+    table = SparseTable("geo_half_add", 4, OptimizerSpec("adagrad", {"lr": 0.1}),
+                        storage="float16")
+    ids = np.array([3, 9, 27], dtype=np.uint64)
+    before = table.pull(ids).numpy()
+    deltas = torch.linspace(-0.5, 0.5, 12).reshape(3, 4)
+    answer = table.add(ids, deltas, 0.5).numpy()
+    assert answer.tobytes() == table.pull(ids, create=False).numpy().tobytes()
+    np.testing.assert_allclose(answer, before + 0.5 * deltas.numpy(), rtol=2**-10, atol=2**-14)

@@ -429,7 +429,9 @@ class GeoStore:
                 geo.touched[rows] = True
 
     def deltas(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
-        """Per table: the rows trained since the last sync and their change."""
+        """Per table: the rows trained since the last sync and their change.
+        What was sent becomes the rows' base: changes from here on are the
+        next sync's delta (merge() adds the servers' answer on top)."""
         out = {}
         with self._lock:
             for name, geo in self._tables.items():
@@ -437,12 +439,8 @@ class GeoStore:
                 if not rows.size:
                     continue
                 geo.touched[rows] = False
-                ids = geo.ids[rows]
-                values = geo.table.read_rows(rows)
-                out[name] = (ids, torch.from_numpy(values - geo.base[rows]))
-                # What was sent is the new base: changes from here on are the
-                # next sync's delta (merge() adds the servers' answer on top).
-                geo.base[rows] = values
+                changes = geo.table.take_changes(geo.base, rows)
+                out[name] = (geo.ids[rows], torch.from_numpy(changes))
         return out
 
     def clear(self) -> None:
@@ -461,15 +459,13 @@ class GeoStore:
         merged = _as_rows(rows)
         numbers = self._create(geo, ids)
         with self._lock:
-            change = merged - geo.base[numbers]
-            geo.table.write_rows(numbers, geo.table.read_rows(numbers) + change)
-            geo.base[numbers] = merged
+            geo.table.merge_rows(geo.base, numbers, merged)
 
 
 def _as_rows(values: torch.Tensor | np.ndarray) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         values = values.detach().numpy()
-    return np.asarray(values, dtype=np.float32)
+    return np.ascontiguousarray(values, dtype=np.float32)
 
 
 class DistributedOptimizer:

@@ -279,7 +279,7 @@ class ParameterServer:
         self.check_gradients(sparse, dense, "GEO push")
         scale = 1.0 / max(1, self.worker_num)
         rows = {
-            name: self.table(name).add(ids, deltas * scale)
+            name: self.table(name).add(ids, deltas, scale)
             for name, (ids, deltas) in sparse.items()
         }
         self.add_dense(dense, scale)

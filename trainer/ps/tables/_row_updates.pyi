@@ -37,3 +37,19 @@ def push_pooled(
     weight_decay: float,
     records: np.ndarray,
 ) -> None: ...
+def add_scaled_rows(
+    weights: np.ndarray,
+    rows: np.ndarray,
+    deltas: np.ndarray,
+    scale: float,
+    out: np.ndarray,
+    records: np.ndarray,
+) -> None: ...
+def take_changes(weights: np.ndarray, base: np.ndarray, rows: np.ndarray) -> np.ndarray: ...
+def merge_rows(
+    weights: np.ndarray,
+    base: np.ndarray,
+    rows: np.ndarray,
+    merged: np.ndarray,
+    records: np.ndarray,
+) -> None: ...

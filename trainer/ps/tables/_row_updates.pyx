@@ -9,6 +9,9 @@ _rows.pyx).
   record's sum or mean of its ids' rows) and the rows' gradient from the
   pooled output's, without a torch op (and its autograd node) per step;
   ``push_pooled`` takes that gradient and applies SGD or Adagrad in one call.
+* ``add_scaled_rows`` (a server's side of a GEO sync), ``take_changes`` and
+  ``merge_rows`` (a GEO worker's local copy): each a single pass over the
+  rows of a sync, where numpy's fancy indexing gathers and scatters copies.
 
 Every function takes numpy arrays and releases the GIL for its loop.
 """
@@ -294,5 +297,103 @@ cdef _check_rows(row_t[:, ::1] weights, int64_t[::1] rows, float[:, ::1] grads):
     cdef Py_ssize_t i
     cdef int64_t allocated = weights.shape[0]
     for i in range(rows.shape[0]):
+        if rows[i] < 0 or rows[i] >= allocated:
+            raise IndexError(f"row {rows[i]} outside the table's {allocated} rows")
+
+
+# -- GEO syncs -----------------------------------------------------------------------
+
+
+def add_scaled_rows(row_t[:, ::1] weights, int64_t[::1] rows,
+                    const float[:, ::1] deltas, float scale, float[:, ::1] out, records):
+    """A GEO sync on a server: ``weights[rows[i]] += deltas[i] * scale`` and
+    the row as stored after it into ``out[i]``; a row number -1 (an id not
+    admitted) adds nothing and reads as zeros. ``rows`` must be distinct.
+    Each row changed is flagged in its ROW_STATS_DTYPE ``records``."""
+    cdef Py_ssize_t i, j, n = rows.shape[0], dim = weights.shape[1]
+    cdef int64_t row
+    if deltas.shape[0] != n or deltas.shape[1] != dim or out.shape[0] != n or out.shape[1] != dim:
+        raise ValueError(
+            f"expected deltas and out of shape ({n}, {dim}), got ({deltas.shape[0]}, "
+            f"{deltas.shape[1]}) and ({out.shape[0]}, {out.shape[1]})"
+        )
+    for i in range(n):
+        if rows[i] >= weights.shape[0]:
+            raise IndexError(f"row {rows[i]} outside the table's {weights.shape[0]} rows")
+    _check_record_rows(records, rows, True)
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _records(records, raw)
+    with nogil:
+        for i in range(n):
+            row = rows[i]
+            if row < 0:
+                for j in range(dim):
+                    out[i, j] = 0
+                continue
+            stats[row].changed = 1
+            for j in range(dim):
+                # float32 product, then sum: the arithmetic of torch's
+                # ``deltas * scale`` added by numpy, which this pass replaces
+                _put(&weights[row, 0], j, _get(&weights[row, 0], j) + deltas[i, j] * scale)
+                out[i, j] = _get(&weights[row, 0], j)
+
+
+def take_changes(row_t[:, ::1] weights, float[:, ::1] base, const int64_t[::1] rows):
+    """A GEO worker's sync: each row's change since ``base`` (float32
+    ``[len(rows), dim]``), which then becomes the row's base."""
+    cdef Py_ssize_t i, j, n = rows.shape[0], dim = weights.shape[1]
+    cdef int64_t row
+    _check_base(weights, base, rows, n)
+    changes_array = np.empty((n, dim), dtype=np.float32)
+    cdef float[:, ::1] changes = changes_array
+    cdef float value
+    with nogil:
+        for i in range(n):
+            row = rows[i]
+            for j in range(dim):
+                value = _get(&weights[row, 0], j)
+                changes[i, j] = value - base[row, j]
+                base[row, j] = value
+    return changes_array
+
+
+def merge_rows(row_t[:, ::1] weights, float[:, ::1] base, int64_t[::1] rows,
+               const float[:, ::1] merged, records):
+    """A GEO worker takes the servers' merged rows back: each row keeps what
+    training changed since its base was sent (``weights[r] += merged[i] -
+    base[r]``), and ``merged[i]`` becomes its base. ``rows`` must be
+    distinct; each is flagged changed in its ROW_STATS_DTYPE ``records``."""
+    cdef Py_ssize_t i, j, n = rows.shape[0], dim = weights.shape[1]
+    cdef int64_t row
+    _check_base(weights, base, rows, n)
+    if merged.shape[0] != n or merged.shape[1] != dim:
+        raise ValueError(
+            f"expected merged rows of shape ({n}, {dim}), got ({merged.shape[0]}, "
+            f"{merged.shape[1]})"
+        )
+    _check_record_rows(records, rows, False)
+    raw_records = _record_bytes(records)
+    cdef uint8_t[::1] raw = raw_records
+    cdef RowStat* stats = _records(records, raw)
+    with nogil:
+        for i in range(n):
+            row = rows[i]
+            stats[row].changed = 1
+            for j in range(dim):
+                _put(&weights[row, 0], j, _get(&weights[row, 0], j) + (merged[i, j] - base[row, j]))
+                base[row, j] = merged[i, j]
+
+
+cdef _check_base(row_t[:, ::1] weights, float[:, ::1] base, const int64_t[::1] rows,
+                 Py_ssize_t n):
+    """Every row of ``rows`` is one of ``weights`` and of ``base`` (same width)."""
+    if base.shape[1] != weights.shape[1]:
+        raise ValueError(
+            f"expected a base of {weights.shape[1]} values a row, got {base.shape[1]}"
+        )
+    cdef Py_ssize_t i
+    cdef int64_t allocated = min(weights.shape[0], base.shape[0])
+    for i in range(n):
         if rows[i] < 0 or rows[i] >= allocated:
             raise IndexError(f"row {rows[i]} outside the table's {allocated} rows")

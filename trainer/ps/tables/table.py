@@ -43,7 +43,7 @@ import torch
 from datafeed.records.memory import release_free_memory
 
 from ...job.errors import CheckpointError
-from ._row_updates import adagrad_rows, sgd_rows
+from ._row_updates import adagrad_rows, add_scaled_rows, merge_rows, sgd_rows, take_changes
 from ._rows import IdIndex, count_row_steps, pull_rows
 from .entries import CtrAccessorParam, EntryAttr
 from .ids import as_u64, init_rows, mix64, shard_of, table_seed
@@ -415,6 +415,20 @@ class SparseTable:
             self._weights[rows] = values
             self._stats.changed[rows] = 1
 
+    def take_changes(self, base: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Each of the existing ``rows``' change since ``base`` (float32, a row
+        per row number: a GEO worker's rows as of its last sync), which then
+        becomes their base; float32 ``[len(rows), dim]``."""
+        with self._lock:
+            return take_changes(self._kernel(self._weights), base, rows)
+
+    def merge_rows(self, base: np.ndarray, rows: np.ndarray, merged: np.ndarray) -> None:
+        """Takes a GEO sync's ``merged`` rows for the existing, distinct
+        ``rows``: each keeps what was trained since ``base`` (``row += merged
+        - base``), and ``merged`` becomes its base (optimizer state unchanged)."""
+        with self._lock:
+            merge_rows(self._kernel(self._weights), base, rows, merged, self._stats.records)
+
     def push_rows(self, rows: np.ndarray, grads: torch.Tensor | np.ndarray) -> None:
         """Applies the optimizer to existing, distinct ``rows`` with ``grads``."""
         grad = _as_f32(grads, rows.shape[0], self.dim, self.name)
@@ -498,24 +512,20 @@ class SparseTable:
                     rows, grad = rows[present], grad[present]
             self._apply(rows, grad)
 
-    def add(self, ids: np.ndarray | torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
-        """Adds ``deltas`` to the rows of distinct ``ids`` (GEO); returns the
-        new rows. A GEO sync counts as a training pull of its rows; ids not
+    def add(
+        self, ids: np.ndarray | torch.Tensor, deltas: torch.Tensor, scale: float = 1.0
+    ) -> torch.Tensor:
+        """Adds ``deltas * scale`` to the rows of distinct ``ids`` (GEO); returns
+        the new rows. A GEO sync counts as a training pull of its rows; ids not
         admitted get nothing added and read as zeros."""
         ids = as_u64(ids)
-        delta = _as_f32(deltas, ids.shape[0], self.dim, self.name)
+        delta = np.ascontiguousarray(_as_f32(deltas, ids.shape[0], self.dim, self.name))
+        out = np.empty((ids.shape[0], self.dim), dtype=np.float32)
         with self._lock:
             rows = self._seen(ids)
-            present = rows >= 0
-            if present.all():
-                self._weights[rows] += delta
-                out = self._weights[rows].astype(np.float32, copy=False)
-            else:
-                kept = rows[present]
-                self._weights[kept] += delta[present]
-                out = np.zeros((ids.shape[0], self.dim), dtype=np.float32)
-                out[present] = self._weights[kept]
-            self._stats.changed[rows[present]] = 1
+            add_scaled_rows(
+                self._kernel(self._weights), rows, delta, scale, out, self._stats.records
+            )
         return torch.from_numpy(out)
 
     # -- persistence --------------------------------------------------------
