@@ -295,6 +295,7 @@ def test_a_geo_sync_adds_takes_and_merges_rows_as_numpy_would():
     expected_changes = weights[sent_rows] - base[sent_rows]
     changes = take_changes(weights, base, sent_rows)
     assert changes.tobytes() == expected_changes.tobytes()
+    assert records["changed"].tolist() == [1, 0, 1, 0, 1, 0]  # reading changes nothing
     assert base[sent_rows].tobytes() == weights[sent_rows].tobytes()
     weights[sent_rows] += 0.25  # trained after the sync was sent
     merged = rng.standard_normal((3, 3)).astype(np.float32)
@@ -302,11 +303,16 @@ def test_a_geo_sync_adds_takes_and_merges_rows_as_numpy_would():
     expected[sent_rows] = weights[sent_rows] + (merged - base[sent_rows])
     merge_rows(weights, base, sent_rows, merged, records)
     assert weights.tobytes() == expected.tobytes() and base[sent_rows].tobytes() == merged.tobytes()
+    assert records["changed"].tolist() == [1, 1, 1, 1, 1, 1]  # a delta save takes merged rows
 
     with pytest.raises(IndexError, match="row 6 outside the table's 6 rows"):
         take_changes(weights, base, np.array([6], dtype=np.int64))
     with pytest.raises(IndexError, match="row -1 outside"):
         merge_rows(weights, base, np.array([-1], dtype=np.int64), merged[:1], records)
+    for outside in (-2, 6):
+        with pytest.raises(IndexError, match=f"row {outside} outside"):
+            add_scaled_rows(weights, np.array([outside], dtype=np.int64), deltas[:1], 1.0,
+                            out[:1], records)
     with pytest.raises(ValueError, match=r"expected deltas and out of shape \(1, 3\)"):
         add_scaled_rows(weights, rows[:1], deltas, 1.0, out, records)
     with pytest.raises(ValueError, match="expected merged rows of shape"):
@@ -324,3 +330,15 @@ def test_a_half_table_returns_the_rows_it_stored_from_a_geo_add():
     answer = table.add(ids, deltas, 0.5).numpy()
     assert answer.tobytes() == table.pull(ids, create=False).numpy().tobytes()
     np.testing.assert_allclose(answer, before + 0.5 * deltas.numpy(), rtol=2**-10, atol=2**-14)
+    # Each add rounds at random: adds of a quarter of a half's last digit move
+    # the row by their sum on average (to nearest, they would never move it).
+    one = ids[:1]
+    table.add(one, torch.from_numpy(0.01 - table.pull(one, create=False).numpy()))
+    start = table.pull(one, create=False).numpy()[0].astype(np.float64)
+    digit = float(np.spacing(np.float16(0.01)))  # 2^-17 in [2^-7, 2^-6)
+    for _ in range(400):
+        table.add(one, torch.full((1, 4), digit / 4))
+    moved = (table.pull(one, create=False).numpy()[0] - start) / digit
+    # 100 digits expected; each add's rounding is a coin of p=1/4, so the sum's
+    # spread is sqrt(400 * 1/4 * 3/4) ~ 8.7 digits: 40 is over 4.5 of them.
+    assert np.all(np.abs(moved - 100) < 40), moved

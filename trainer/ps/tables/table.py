@@ -3,9 +3,10 @@
 A table keeps no Python object per row. ``IdIndex`` (``_rows.pyx``) is an
 open-addressing hash index (linear probing) held in two numpy arrays, probed in
 C for a whole batch of ids at once; rows and optimizer state live in growable
-float32 arrays addressed by the row numbers the index hands out, and SGD and
-Adagrad update them in place (C loops, also in ``_rows.pyx``). The same class
-serves a parameter server's shard and a local (non-distributed) table.
+arrays (float32, or 16-bit floats with ``storage="float16"``) addressed by the
+row numbers the index hands out, and SGD and Adagrad update them in place (C
+loops in ``_row_updates.pyx``, as are a GEO sync's adds and merges). The same
+class serves a parameter server's shard and a local (non-distributed) table.
 
 A row that was never written holds its initial value, a pure function of the
 table's seed and the id (``init_rows``), so every process and every server agrees
@@ -408,12 +409,6 @@ class SparseTable:
         """A copy of the weights of existing ``rows``."""
         with self._lock:
             return self._weights[rows].astype(np.float32, copy=False)
-
-    def write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Overwrites the weights of existing ``rows`` (optimizer state unchanged)."""
-        with self._lock:
-            self._weights[rows] = values
-            self._stats.changed[rows] = 1
 
     def take_changes(self, base: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Each of the existing ``rows``' change since ``base`` (float32, a row
