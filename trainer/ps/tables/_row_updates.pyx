@@ -30,6 +30,7 @@ from trainer.ps.tables._rows cimport (
     _get,
     _put,
     _records,
+    _row_records,
     row_t,
 )
 
@@ -320,10 +321,7 @@ def add_scaled_rows(row_t[:, ::1] weights, int64_t[::1] rows,
     for i in range(n):
         if rows[i] >= weights.shape[0]:
             raise IndexError(f"row {rows[i]} outside the table's {weights.shape[0]} rows")
-    _check_record_rows(records, rows, True)
-    raw_records = _record_bytes(records)
-    cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = _records(records, raw)
+    cdef RowStat* stats = _row_records(records, rows, True)
     with nogil:
         for i in range(n):
             row = rows[i]
@@ -372,10 +370,7 @@ def merge_rows(row_t[:, ::1] weights, float[:, ::1] base, int64_t[::1] rows,
             f"expected merged rows of shape ({n}, {dim}), got ({merged.shape[0]}, "
             f"{merged.shape[1]})"
         )
-    _check_record_rows(records, rows, False)
-    raw_records = _record_bytes(records)
-    cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = _records(records, raw)
+    cdef RowStat* stats = _row_records(records, rows, False)
     with nogil:
         for i in range(n):
             row = rows[i]

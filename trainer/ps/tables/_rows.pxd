@@ -23,6 +23,7 @@ ctypedef struct RowStat:
 
 cdef RowStat* _records(object records, uint8_t[::1] raw) except? NULL
 cdef _check_record_rows(records, int64_t[::1] rows, bint absent_allowed)
+cdef RowStat* _row_records(records, int64_t[::1] rows, bint absent_allowed) except? NULL
 
 
 # How a table stores its rows and their optimizer state: float32, or 16-bit

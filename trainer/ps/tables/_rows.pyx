@@ -553,10 +553,7 @@ def touch_rows(records, int64_t[::1] rows, uint32_t tick):
     """A training pull of ``rows`` (-1: absent, skipped) counted in their
     ROW_STATS_DTYPE ``records``: show + 1, last-seen tick ``tick``, flagged
     changed since the last save."""
-    raw_records = _record_bytes(records)
-    cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = _records(records, raw)
-    _check_record_rows(records, rows, True)
+    cdef RowStat* stats = _row_records(records, rows, True)
     cdef Py_ssize_t i
     with nogil:
         for i in range(rows.shape[0]):
@@ -569,10 +566,7 @@ def add_clicks_rows(records, int64_t[::1] rows, float[::1] clicks):
     and flags it changed."""
     if clicks.shape[0] != rows.shape[0]:
         raise ValueError(f"expected {rows.shape[0]} clicks (one per row), got {clicks.shape[0]}")
-    raw_records = _record_bytes(records)
-    cdef uint8_t[::1] raw = raw_records
-    cdef RowStat* stats = _records(records, raw)
-    _check_record_rows(records, rows, True)
+    cdef RowStat* stats = _row_records(records, rows, True)
     cdef Py_ssize_t i
     with nogil:
         for i in range(rows.shape[0]):
@@ -605,3 +599,13 @@ cdef _check_record_rows(records, int64_t[::1] rows, bint absent_allowed):
     for i in range(rows.shape[0]):
         if rows[i] < lowest or rows[i] >= allocated:
             raise IndexError(f"row {rows[i]} outside the table's {allocated} rows of statistics")
+
+
+cdef RowStat* _row_records(records, int64_t[::1] rows, bint absent_allowed) except? NULL:
+    """The ROW_STATS_DTYPE ``records`` a kernel counts ``rows`` in (NULL when
+    empty), its dtype and every row checked (-1 too, with ``absent_allowed``).
+    The pointer is into ``records``' own memory: valid while the caller holds it."""
+    raw_records = _record_bytes(records)
+    cdef RowStat* stats = _records(records, raw_records)
+    _check_record_rows(records, rows, absent_allowed)
+    return stats
