@@ -366,6 +366,13 @@ def test_a_key_holders_push_that_would_corrupt_the_model_is_refused(installed_se
         ({}, {True: torch.zeros(8)}, r"found True"),
         ({}, {0: torch.zeros(3)}, r"dense parameter 0 has 8 values, found 3"),
         ({}, {0: torch.full((8,), float("inf"))}, r"expected finite values, found 8 NaN or inf"),
+        # Each float dtype the wire carries, numpy's check and torch's (bfloat16).
+        *(
+            ({}, {0: torch.tensor([0.0] * 6 + [float("nan"), -float("inf")], dtype=dtype)},
+             r"dense parameter 0: expected finite values, found 2 NaN or inf")
+            for dtype in (torch.float16, torch.float64, torch.bfloat16)
+        ),
+        ({}, {0: torch.full((16,), float("inf"))[::2]}, r"found 8 NaN or inf"),  # strided
         ({"ps_emb": (ids, nan)}, {}, r"table 'ps_emb': expected finite values"),
         ({"ps_emb": (ids, torch.zeros(2, 9))}, {}, r"expected values of shape \(2, 8\), found"),
         ({"ps_emb": (ids, torch.zeros(3, 8))}, {}, r"expected values of shape \(2, 8\), found"),
