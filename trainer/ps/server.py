@@ -394,7 +394,8 @@ _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
 def _require_finite(values: torch.Tensor, what: str) -> None:
     if not values.is_floating_point():
         return
-    if values.dtype in _NUMPY_FLOATS and values.device.type == "cpu":
+    numpy_viewable = values.device.type == "cpu" and values.layout == torch.strided
+    if values.dtype in _NUMPY_FLOATS and numpy_viewable:
         finite: Any = np.isfinite(values.detach().numpy())
     else:
         finite = torch.isfinite(values)
