@@ -24,6 +24,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -308,18 +309,47 @@ def test_the_job_key_comes_from_the_environment_or_a_file(tmp_path):
     assert keys.derive(KEY, "a") != keys.derive(KEY, "b") and len(keys.derive(KEY, "a")) == 32
 
 
-def test_a_worker_with_another_jobs_key_gets_no_answer(keyed_endpoint):
+def test_a_worker_with_another_jobs_key_gets_no_answer_and_is_told_why(keyed_endpoint):
     _, _, endpoint = keyed_endpoint
     other = transport.ServerSet(
         [endpoint], transport.CurveKeys.from_job_key("another-jobs-key-0123456789"), timeout=1.5
     )
     try:
         started = time.monotonic()
-        with pytest.raises(transport.ServerUnavailableError, match="did not answer"):
+        with pytest.raises(transport.ServerUnavailableError, match="did not answer") as info:
             other.call(0, HANDLERS["describe"])
         assert time.monotonic() - started < 5
+        # Its connection closed during the handshake, and the error says what that means.
+        assert transport.NO_HANDSHAKE in str(info.value)
+        assert "FLEETFEED_JOB_KEY" in str(info.value)
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_connection_that_drops_after_its_handshake_says_it_dropped(keyed):
+    # A server that goes away mid-job: its connection had handshaken, so the
+    # worker is not told about keys.
+    key = KEY if keyed else None
+    with reserved_ports(1) as (port,):
+        endpoint = f"127.0.0.1:{port}"
+        server = transport.ServerEndpoint(
+            endpoint, transport.CurveKeys.from_job_key(key), {"hold": lambda: Future()},
+            threads=1, name="test server", ops={"hold": ()},
+        )
+        servers = transport.ServerSet([endpoint], transport.CurveKeys.from_job_key(key), 10.0)
+        try:
+            try:
+                future = servers.request(0, "hold")  # answered never: the server goes first
+                wait_for(lambda: servers._handshaken[0], "the worker's handshake", timeout=5)
+            finally:
+                server.close()
+            with pytest.raises(transport.ServerUnavailableError) as info:
+                servers.wait(0, future, "hold")
+        finally:
+            servers.close()
+    assert "the connection dropped" in str(info.value)
+    assert transport.NO_HANDSHAKE not in str(info.value)
 
 
 def test_the_job_key_never_appears_in_a_roles_repr():

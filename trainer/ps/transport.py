@@ -83,6 +83,15 @@ _HANDSHAKE_FAILURES = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
+# What a worker's connection reports: its handshakes and its drops.
+_CLIENT_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDSHAKE_FAILURES
+# Why a connection that never completed its handshake closed, as far as a worker can tell.
+NO_HANDSHAKE = (
+    "the connection closed before its handshake completed: the server holds another job "
+    "key (every role must read the same one, from FLEETFEED_JOB_KEY or the file "
+    "FLEETFEED_JOB_KEY_FILE names), is not a parameter server of this protocol, or the "
+    f"handshake's few round trips take over its {HANDSHAKE_DEADLINE_S:g} s deadline"
+)
 
 
 def call_timeout() -> float:
@@ -501,6 +510,7 @@ class ServerSet:
         self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}
         self._dealers = []
         self._monitors = []
+        self._handshaken = [False] * len(self.endpoints)  # read and written by the I/O thread
         for endpoint in self.endpoints:
             dealer = self._context.socket(zmq.DEALER)
             dealer.linger = 0
@@ -509,7 +519,7 @@ class ServerSet:
                 dealer.curve_serverkey = keys.server_public
                 dealer.curve_publickey = keys.worker_public
                 dealer.curve_secretkey = keys.worker_secret
-            self._monitors.append(dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+            self._monitors.append(dealer.get_monitor_socket(_CLIENT_EVENTS))
             dealer.connect(_tcp(endpoint))
             self._dealers.append(dealer)
         outbox = f"inproc://ps-requests-{id(self)}"
@@ -546,8 +556,19 @@ class ServerSet:
                     except Exception:  # noqa: BLE001 - one reply must not stop every call
                         log.exception("parameter server %d: a reply could not be delivered", index)
                 else:
-                    recv_monitor_message(sock)
-                    self._fail_pending(index, "the connection dropped")
+                    self._connection_event(index, recv_monitor_message(sock)["event"])
+
+    def _connection_event(self, index: int, event: int) -> None:
+        """Notes whether server ``index``'s connection completed its handshake,
+        and fails its pending calls when the connection drops, saying which."""
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._handshaken[index] = True
+        elif event & _HANDSHAKE_FAILURES:
+            self._handshaken[index] = False
+        elif event == zmq.EVENT_DISCONNECTED:
+            why = "the connection dropped" if self._handshaken[index] else NO_HANDSHAKE
+            self._handshaken[index] = False  # a reconnection handshakes again
+            self._fail_pending(index, why)
 
     def _deliver(self, index: int, frames: list[zmq.Frame]) -> None:
         try:
