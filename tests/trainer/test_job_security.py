@@ -373,6 +373,7 @@ def test_a_key_holders_push_that_would_corrupt_the_model_is_refused(installed_se
             for dtype in (torch.float16, torch.float64, torch.bfloat16)
         ),
         ({}, {0: torch.full((16,), float("inf"))[::2]}, r"found 8 NaN or inf"),  # strided
+        ({}, {0: torch._neg_view(torch.full((8,), float("nan")))}, r"found 8 NaN"),  # lazy neg
         ({"ps_emb": (ids, nan)}, {}, r"table 'ps_emb': expected finite values"),
         ({"ps_emb": (ids, torch.zeros(2, 9))}, {}, r"expected values of shape \(2, 8\), found"),
         ({"ps_emb": (ids, torch.zeros(3, 8))}, {}, r"expected values of shape \(2, 8\), found"),

@@ -19,10 +19,13 @@ process of its own) where its memory or descriptors are measured.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import Future
 
@@ -331,17 +334,23 @@ def test_a_connection_that_drops_after_its_handshake_says_it_dropped(keyed):
     # A server that goes away mid-job: its connection had handshaken, so the
     # worker is not told about keys.
     key = KEY if keyed else None
+    held = threading.Event()
+
+    def hold() -> Future:
+        held.set()
+        return Future()  # answered never: the server goes first
+
     with reserved_ports(1) as (port,):
         endpoint = f"127.0.0.1:{port}"
         server = transport.ServerEndpoint(
-            endpoint, transport.CurveKeys.from_job_key(key), {"hold": lambda: Future()},
+            endpoint, transport.CurveKeys.from_job_key(key), {"hold": hold},
             threads=1, name="test server", ops={"hold": ()},
         )
         servers = transport.ServerSet([endpoint], transport.CurveKeys.from_job_key(key), 10.0)
         try:
             try:
-                future = servers.request(0, "hold")  # answered never: the server goes first
-                wait_for(lambda: servers._handshaken[0], "the worker's handshake", timeout=5)
+                future = servers.request(0, "hold")
+                assert held.wait(10), "the server never ran the call"
             finally:
                 server.close()
             with pytest.raises(transport.ServerUnavailableError) as info:
@@ -350,6 +359,56 @@ def test_a_connection_that_drops_after_its_handshake_says_it_dropped(keyed):
             servers.close()
     assert "the connection dropped" in str(info.value)
     assert transport.NO_HANDSHAKE not in str(info.value)
+
+
+# ZMTP 3.0's greeting (rfc.zeromq.org/spec/23) of a peer that offers no security:
+# a keyed worker refuses it itself, so ZeroMQ gives that connection up for good.
+_NULL_GREETING = b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32)
+
+
+def test_a_worker_that_refuses_a_handshake_is_told_at_once_and_its_other_servers_answer(
+    keyed_endpoint,
+):
+    # The worker's one I/O thread must not wait on the connection ZeroMQ gave
+    # up: every server's calls go through it.
+    _, _, keyed = keyed_endpoint
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)  # accept() wakes to see the test end
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def greet_every_connection() -> None:
+        while not done.is_set():
+            try:
+                peer, _ = listener.accept()
+            except TimeoutError:
+                continue
+            accepted.append(peer)
+            with contextlib.suppress(OSError):  # the worker closed it first
+                peer.sendall(_NULL_GREETING)
+
+    greeter = threading.Thread(target=greet_every_connection, daemon=True)
+    greeter.start()
+    keyless = f"127.0.0.1:{listener.getsockname()[1]}"
+    servers = transport.ServerSet(
+        [keyless, keyed], transport.CurveKeys.from_job_key(KEY), timeout=10
+    )
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(transport.ServerUnavailableError) as info:
+                servers.call(0, HANDLERS["describe"])
+            assert transport.NO_HANDSHAKE in str(info.value)
+            assert time.monotonic() - started < 5  # told, not timed out (10 s)
+            assert isinstance(servers.call(1, HANDLERS["describe"]), dict)
+        assert len(accepted) == 1  # given up, not retried
+    finally:
+        servers.close()
+        done.set()
+        greeter.join(timeout=5)
+        listener.close()
+        for peer in accepted:
+            peer.close()
 
 
 def test_the_job_key_never_appears_in_a_roles_repr():

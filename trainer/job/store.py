@@ -400,10 +400,12 @@ class CurveStore(dist.Store):
             why = re.sub(r"^.*? did not answer [^:]*: ", "", str(error)).partition(" (bound")[0]
             if "no answer in time" in why:
                 why = f"no answer within {bound:g}s"
+            elif why == transport.NO_HANDSHAKE:
+                why = "the connection closed before its handshake completed"
             hint = (
                 ": the store is not serving (yet), it stopped, or this process lacks the "
                 "job's key for this attempt (FLEETFEED_JOB_KEY)"
-                if "no answer" in why or "dropped" in why else ""
+                if "no answer" in why or "dropped" in why or "handshake" in why else ""
             )
             raise dist.DistStoreError(
                 f"the rendezvous store at {self.endpoint}: {op} failed ({why}){hint}"

@@ -394,7 +394,9 @@ _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
 def _require_finite(values: torch.Tensor, what: str) -> None:
     if not values.is_floating_point():
         return
-    numpy_viewable = values.device.type == "cpu" and values.layout == torch.strided
+    numpy_viewable = (
+        values.device.type == "cpu" and values.layout == torch.strided and not values.is_neg()
+    )
     if values.dtype in _NUMPY_FLOATS and numpy_viewable:
         finite: Any = np.isfinite(values.detach().numpy())
     else:

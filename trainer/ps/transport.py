@@ -89,7 +89,7 @@ _CLIENT_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | _HANDS
 NO_HANDSHAKE = (
     "the connection closed before its handshake completed: the server holds another job "
     "key (every role must read the same one, from FLEETFEED_JOB_KEY or the file "
-    "FLEETFEED_JOB_KEY_FILE names), is not a parameter server of this protocol, or the "
+    "FLEETFEED_JOB_KEY_FILE names), speaks another protocol, or the "
     f"handshake's few round trips take over its {HANDSHAKE_DEADLINE_S:g} s deadline"
 )
 
@@ -510,7 +510,9 @@ class ServerSet:
         self._pending: dict[int, tuple[int, concurrent.futures.Future]] = {}
         self._dealers = []
         self._monitors = []
-        self._handshaken = [False] * len(self.endpoints)  # read and written by the I/O thread
+        # Read and written by the I/O thread only.
+        self._handshaken = [False] * len(self.endpoints)
+        self._refused = [False] * len(self.endpoints)  # a handshake this side refused
         for endpoint in self.endpoints:
             dealer = self._context.socket(zmq.DEALER)
             dealer.linger = 0
@@ -545,8 +547,7 @@ class ServerSet:
         while not self._stop.is_set():
             for sock, _ in poller.poll(_POLL_MS):
                 if sock is self._outbox:
-                    index, *frames = self._outbox.recv_multipart(copy=False)
-                    self._dealers[int(bytes(index.buffer))].send_multipart(frames, copy=False)
+                    self._forward(self._outbox.recv_multipart(copy=False))
                     continue
                 kind, index = kinds[id(sock)]
                 if kind == "reply":
@@ -556,19 +557,63 @@ class ServerSet:
                     except Exception:  # noqa: BLE001 - one reply must not stop every call
                         log.exception("parameter server %d: a reply could not be delivered", index)
                 else:
-                    self._connection_event(index, recv_monitor_message(sock)["event"])
+                    self._connection_events(index)
+
+    def _forward(self, message: list[zmq.Frame]) -> None:
+        """Sends a request from the outbox (server index, request id, frames) to
+        its server without waiting: a connection ZeroMQ gave up would block
+        this thread, and with it every server's calls. A request to a server
+        whose handshake this side refused, or that ZeroMQ will not queue,
+        fails at once."""
+        index_frame, request_frame, *frames = message
+        index, request_id = int(bytes(index_frame.buffer)), int(bytes(request_frame.buffer))
+        if self._refused[index]:
+            self._fail_request(index, request_id, NO_HANDSHAKE)
+            return
+        try:
+            self._dealers[index].send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._connection_events(index)  # why ZeroMQ gave the connection up, if not read yet
+            why = NO_HANDSHAKE if self._refused[index] else (
+                "its connection would not queue the request (closed, or full)"
+            )
+            self._fail_request(index, request_id, why)
+
+    def _connection_events(self, index: int) -> None:
+        """Takes every event waiting on server ``index``'s monitor (none may be
+        left: ``_forward`` takes them too)."""
+        while True:
+            try:
+                event = recv_monitor_message(self._monitors[index], zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            self._connection_event(index, event)
 
     def _connection_event(self, index: int, event: int) -> None:
         """Notes whether server ``index``'s connection completed its handshake,
-        and fails its pending calls when the connection drops, saying which."""
+        and fails its pending calls when a handshake fails or the connection
+        drops, saying which. A handshake this side refused (a protocol or
+        authentication failure) is final: ZeroMQ does not reconnect."""
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._handshaken[index] = True
         elif event & _HANDSHAKE_FAILURES:
             self._handshaken[index] = False
+            if event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # closed by the server: retried
+                self._refused[index] = True
+            self._fail_pending(index, NO_HANDSHAKE)
         elif event == zmq.EVENT_DISCONNECTED:
             why = "the connection dropped" if self._handshaken[index] else NO_HANDSHAKE
             self._handshaken[index] = False  # a reconnection handshakes again
             self._fail_pending(index, why)
+
+    def _fail_request(self, index: int, request_id: int, why: str) -> None:
+        with self._lock:
+            entry = self._pending.pop(request_id, None)
+        if entry is not None:
+            future = entry[1]
+            future.set_exception(
+                self.unavailable(index, getattr(future, "op", "a call"), ConnectionError(why))
+            )
 
     def _deliver(self, index: int, frames: list[zmq.Frame]) -> None:
         try:
@@ -637,7 +682,7 @@ class ServerSet:
             if self._closed:
                 raise self.unavailable(index, op, ConnectionError("this worker left the job"))
             self._pending[request_id] = (index, future)
-            self._send.send_multipart([str(index).encode(), *frames])
+            self._send.send_multipart([str(index).encode(), str(request_id).encode(), *frames])
         return future
 
     def wait(self, index: int, future: concurrent.futures.Future, what: str) -> Any:
