@@ -319,7 +319,10 @@ class Fleet:
             self._local_note("stop_worker")
 
     def barrier_worker(self) -> None:
-        """Waits until every worker arrives (a no-op with one local worker)."""
+        """Waits until every worker arrives (a no-op with one local worker).
+        PS mode: each worker first sends what it has not sent (GEO: its steps
+        since the last sync), so every update made before the barrier is on
+        the servers after it."""
         if self._ps_mode:
             self._get_runtime().barrier_worker()
         elif self.role.is_collective and self.role.distributed:

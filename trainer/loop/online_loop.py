@@ -178,6 +178,9 @@ class OnlineLoop:
             # From the first worker's start to the last worker's end.
             ended, first_start = fleet.util.all_reduce([time.time(), -started], "max")
             dataset.release_memory()
+            # Every worker's updates on the servers (GEO's steps since its last
+            # sync, async's pushes in flight) before the pass's saves.
+            fleet.barrier_worker()
             if first:
                 gap = "" if trained_until is None else (
                     f", {-first_start - trained_until:.3f} s after the previous pass"

@@ -14,7 +14,7 @@ environment, else the strategy's mode (``distributed_mode``):
 
 A distributed mode's step needs the servers: ``connect()`` (from
 ``init_worker``) hands it a ``WorkerLink``. The runtime's other calls wait for
-what a mode sent through ``settle()`` (barrier, load) and ``flush()`` (refresh,
+what a mode sent through ``settle()`` (load) and ``flush()`` (barrier, refresh,
 save, stop: GEO also sends what it has not synced yet), and tell it through
 ``reloaded()`` that the worker's values were replaced by the servers'.
 """

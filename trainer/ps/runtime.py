@@ -340,12 +340,14 @@ class ParameterServerRuntime:
     def barrier_worker(self) -> None:
         """Returns once every running worker called barrier_worker() (through
         server 0), with this worker's copy of the model brought up to date
-        (``refresh``): every push made before the barrier is on the servers
-        then, and an evaluation after it (async mode: the dense parameters
-        lagged the other workers' last pushes) sees all of them."""
+        (``refresh``): each worker first sends what it has not sent (GEO: its
+        steps since the last sync) and waits for it, so every update made
+        before the barrier is on the servers then, and a save or an evaluation
+        after it (async mode: the dense parameters lagged the other workers'
+        last pushes) sees all of them."""
         if self.local or self.servers is None:
             return
-        self.training.settle()
+        self.training.flush()
         self.servers.call(0, handlers.barrier, self.role.index, timeout=transport.start_timeout())
         self.refresh()
 
