@@ -7,6 +7,8 @@ of hourly slices with ten kills."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from online_soak import (
@@ -19,6 +21,10 @@ from online_soak import (
     table_difference,
     tables,
 )
+
+from trainer.ps.checkpoint import directory as checkpoint
+from trainer.ps.checkpoint import table_files
+from trainer.ps.checkpoint.table_files import read_table
 
 SCHEDULE = Schedule(hours=4, lines=1000, every=0.3)
 
@@ -76,3 +82,36 @@ def test_a_pass_is_saved_with_every_workers_updates(tmp_path, mode):
         assert kept.sum() == columns["ids"].size > 0
         for key in ("weights", *(k for k in columns if k.startswith("state."))):
             assert np.array_equal(last_pass[name][key][kept], columns[key]), (name, key)
+    # The published deltas form one chain from the job's first save, each
+    # naming the state of the one before: the day's checkpoints between them
+    # leave it whole. Loading them in order gives the last pass's rows.
+    saves = ["start", *(f"{schedule.day}/delta-{p}" for p in range(1, schedule.hours + 1))]
+    metas = [checkpoint.read_meta(str(job.out / save)) for save in saves]
+    for before, delta in itertools.pairwise(metas):
+        assert delta["after"] == checkpoint.state_of(before), delta
+    # The first save is of the untrained model: no rows yet.
+    first = table_files.summary(str(job.out / "start"))["tables"]
+    assert all(table["rows"] == 0 for table in first.values())
+    rows = tables(job.out / saves[1])
+    for save in saves[2:]:
+        rows = apply_delta(rows, job.out / save)
+    for name, columns in last_pass.items():
+        for key, values in columns.items():
+            assert np.array_equal(rows[name][key], values), (name, key)
+
+
+def apply_delta(rows: dict, delta) -> dict:
+    """``rows`` (``tables``' layout) with the delta checkpoint at ``delta`` applied:
+    its rows replace or add theirs, its dropped ids go."""
+    changed = tables(delta)
+    out = {"dense": changed["dense"]}  # every checkpoint holds the dense values whole
+    for name, columns in rows.items():
+        if name == "dense":
+            continue
+        dropped = [c["dropped"] for c in read_table(str(delta), name) if "dropped" in c]
+        dropped = np.concatenate(dropped) if dropped else np.zeros(0, np.uint64)
+        keep = ~np.isin(columns["ids"], np.concatenate([changed[name]["ids"], dropped]))
+        merged = {k: np.concatenate([v[keep], changed[name][k]]) for k, v in columns.items()}
+        order = np.argsort(merged["ids"])
+        out[name] = {k: v[order] for k, v in merged.items()}
+    return out

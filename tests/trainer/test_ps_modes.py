@@ -93,6 +93,26 @@ def test_geo_mode_sends_deltas_every_k_steps(local_store_after):
     assert server.dense[0].tolist() == [-4.0, -4.0] == model.bias.tolist()
 
 
+def test_a_geo_flush_leaves_the_worker_at_the_servers_dense_values_exactly(local_store_after):
+    # A barrier flushes, then its refresh flushes again: the second must send
+    # zeros. A merge that left rounding in the worker's values (its own plus
+    # the servers' change) sent it to the servers at every barrier, so two
+    # saves around one barrier held different dense values.
+    mode = distributed_mode("geo", 1000)
+    model, server, opt = connected_mode(mode, "geo_exact_t", server_optimizer=False)
+    server.worker_num = 3  # each sync adds a third of the change: not exact in floats
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(5):
+        model.bias.grad = torch.randn(2, generator=gen) / 7
+        opt.step()
+        opt.zero_grad()
+    mode.flush()
+    assert torch.equal(model.bias.detach(), server.dense[0].detach())
+    after_first = server.dense[0].detach().clone()
+    mode.flush()
+    assert torch.equal(server.dense[0].detach(), after_first)
+
+
 _fresh = itertools.count()
 
 

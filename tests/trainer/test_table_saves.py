@@ -225,6 +225,91 @@ def test_paddle_modes_and_the_delta_chain(tmp_path):
         pending.clear_pending()
 
 
+def test_a_checkpoint_between_deltas_leaves_the_chain_whole(tmp_path):
+    # The online loop's order: each pass saves its delta, then a whole
+    # checkpoint to restart from. Nothing changes between the two, so the next
+    # delta follows both, and serving loads the base and every delta in order.
+    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "chain"),
+                                 "out": torch.nn.Linear(DIM, 1)})
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+
+    def meta(name: str) -> dict:
+        return checkpoint.read_meta(str(tmp_path / name))
+
+    try:
+        model["emb"](torch.tensor([[1, 2, 3]]))
+        runtime.save_persistables(str(tmp_path / "base"), mode=0)
+        for pass_id, new_id in ((1, 4), (2, 5), (3, 6)):
+            model["emb"](torch.tensor([[new_id]]))
+            runtime.save_persistables(str(tmp_path / f"delta-{pass_id}"), mode=1)
+            runtime.save_persistables(str(tmp_path / str(pass_id)), mode=0)
+            assert checkpoint.state_of(meta(str(pass_id))) == checkpoint.state_of(
+                meta(f"delta-{pass_id}"))
+        assert meta("delta-2")["after"] == checkpoint.state_of(meta("delta-1"))
+        # Training between two saves makes the later one a state of its own.
+        model["emb"](torch.tensor([[7]]))
+        runtime.save_persistables(str(tmp_path / "4"), mode=0)
+        assert checkpoint.state_of(meta("4")) == meta("4")["save_id"] != checkpoint.state_of(
+            meta("3"))
+        last = runtime_tables()
+        stores.local_store().clear()
+        reader = ParameterServerRuntime(ClusterRole.local(), None)
+        reader.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+        for name in ("base", "delta-1", "delta-2", "delta-3"):
+            reader.load_persistables(str(tmp_path / name))
+        assert sorted(runtime_tables()["chain"]) == [1, 2, 3, 4, 5, 6]
+        # A restart from a pass's checkpoint goes on with the next delta.
+        stores.local_store().clear()
+        reader = ParameterServerRuntime(ClusterRole.local(), None)
+        reader.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+        reader.load_persistables(str(tmp_path / "2"))
+        reader.load_persistables(str(tmp_path / "delta-3"))
+        assert runtime_tables()["chain"] == {k: v for k, v in last["chain"].items() if k != 7}
+    finally:
+        stores.local_store().clear()
+        pending.clear_pending()
+
+
+def test_a_failed_save_leaves_the_state_unknown(tmp_path, monkeypatch):
+    # A save that did not commit has marked its rows saved: the next save must
+    # not claim the state of the save before it, nor a delta follow that one.
+    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "chain"),
+                                 "out": torch.nn.Linear(DIM, 1)})
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    try:
+        model["emb"](torch.tensor([[1, 2]]))
+        runtime.save_persistables(str(tmp_path / "base"), mode=0)
+        model["emb"](torch.tensor([[3]]))
+
+        def refuse(*args, **kwargs):
+            raise OSError("disk full")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(checkpoint, "commit", refuse)
+            with pytest.raises(OSError, match="disk full"):
+                runtime.save_persistables(str(tmp_path / "failed"), mode=0)
+        runtime.save_persistables(str(tmp_path / "after"), mode=0)
+        after = checkpoint.read_meta(str(tmp_path / "after"))
+        assert checkpoint.state_of(after) == after["save_id"]
+        assert checkpoint.state_of(after) != checkpoint.state_of(
+            checkpoint.read_meta(str(tmp_path / "base")))
+    finally:
+        stores.local_store().clear()
+        pending.clear_pending()
+
+
+def runtime_tables() -> dict[str, dict[int, list[float]]]:
+    """The local tables' rows by id (weights as lists)."""
+    out = {}
+    for name, table in stores.local_store().tables.items():
+        state = table.state_dict()
+        out[name] = {int(i): w.tolist() for i, w in zip(state["ids"], state["weights"],
+                                                        strict=True)}
+    return out
+
+
 def test_the_reader_and_the_cli_need_no_job(tmp_path):
     rng = np.random.default_rng(4)
     writers = make_tables(2)

@@ -394,9 +394,12 @@ class GeoMode(TrainingMode):
                 for name, values in rows.items():
                     store.merge(name, sparse_parts[s][name][0].numpy(), values)
                 for i, value in dense.items():
-                    # Keep what local training changed since the sync was sent.
-                    change = value - self._dense_base[i]
-                    self.params[i].add_(change.view_as(self.params[i]))
+                    # The servers' value plus what local training changed since
+                    # the sync was sent: exactly theirs when nothing did, so a
+                    # second flush sends zeros, not rounding left by a merge.
+                    param = self.params[i]
+                    local = param - self._dense_base[i].view_as(param)
+                    param.copy_(value.view_as(param) + local)
                     self._dense_base[i] = value.clone()
 
 

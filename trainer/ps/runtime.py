@@ -105,6 +105,8 @@ class ParameterServerRuntime:
         self.default_spec: OptimizerSpec | None = None
         self.servers: transport.ServerSet | None = None
         self.server: ParameterServer | None = None
+        self._save_failed = False
+        self._checkpoint = checkpoint.CheckpointState()  # local mode's (servers keep theirs)
 
     # -- model -------------------------------------------------------------------
 
@@ -392,7 +394,7 @@ class ParameterServerRuntime:
         written as a base (the failed one may have marked rows saved)."""
         optimizer = self._require_optimizer("save_persistables()")
         kind = checkpoint.save_kind(mode)
-        if kind == "delta" and getattr(self, "_save_failed", False):
+        if kind == "delta" and self._save_failed:
             log.warning("save_persistables(%s): the last save failed; writing a base", dirname)
             kind = "base"
         staging = checkpoint.staging_dir(dirname)
@@ -400,12 +402,17 @@ class ParameterServerRuntime:
         try:
             if self.local:
                 server_num = 1
-                for table in self._local_tables("save_persistables()").values():
+                before = self._checkpoint.state
+                unchanged_tables = [
                     table_files.write_shard(table, staging, 0, delta=kind == "delta")
+                    for table in self._local_tables("save_persistables()").values()
+                ]
+                params = [p.detach().clone() for p in self.params]
+                replies = [[self._checkpoint.saving(all(unchanged_tables), params), before]]
                 checkpoint.save_file(
                     {
                         "indices": torch.arange(len(self.params)),
-                        "params": [p.detach().clone() for p in self.params],
+                        "params": params,
                         "optimizer": optimizer.state_dict(),
                     },
                     checkpoint.dense_file(staging, 0),
@@ -414,25 +421,36 @@ class ParameterServerRuntime:
                 servers = self._connected()
                 self.training.flush()
                 server_num = len(servers)
-                servers.call_all(handlers.save, [(staging, kind)] * server_num)
+                replies = servers.call_all(handlers.save, [(staging, kind)] * server_num)
+            # Each server: [nothing changed since its last save or load, the
+            # state that left its rows at]; they agree unless one was restarted.
+            states = {before for _, before in replies}
+            before = states.pop() if len(states) == 1 else None
+            unchanged = before is not None and all(same for same, _ in replies)
+            state = before if unchanged else save_id
             for name, data in (extra_files or {}).items():
                 write_atomically(os.path.join(staging, name), data)
             meta = {
                 "format": checkpoint.FORMAT,
                 "kind": kind,
                 "save_id": save_id,
-                "after": getattr(self, "_checkpoint_id", None) if kind == "delta" else None,
+                "state": state,
+                "after": before if kind == "delta" else None,
                 "server_num": server_num,
                 "mode": "local" if self.local else self.mode,
                 "tables": {n: c.as_dict() for n, c in self.configs.items()},
                 "dense": [list(p.shape) for p in self.params],
             }
             checkpoint.commit(staging, dirname, meta)
+            if self.local:
+                self._checkpoint.committed(state)
+            else:
+                servers.call_all(handlers.commit_save, [(state,)] * server_num)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             self._save_failed = True
             raise
-        self._save_failed, self._checkpoint_id = False, save_id
+        self._save_failed = False
 
     def load_persistables(self, dirname: str) -> None:
         """Loads a checkpoint written by save_persistables (any server count):
@@ -448,8 +466,8 @@ class ParameterServerRuntime:
         """
         optimizer = self._require_optimizer("load_persistables()")
         meta = checkpoint.read_meta(dirname)
-        checkpoint.check_follows(meta, getattr(self, "_checkpoint_id", None), dirname)
         if self.local:
+            checkpoint.check_follows(meta, self._checkpoint.state, dirname)
             checkpoint.check_dense_shapes(meta, self.params, dirname)
             values = checkpoint.dense_values(dirname, meta)
             optimizer_state = checkpoint.dense_optimizer_state(
@@ -465,7 +483,7 @@ class ParameterServerRuntime:
                     p.copy_(values[i])
             if optimizer_state is not None:
                 optimizer.load_state_dict(optimizer_state)
-            self._checkpoint_id = meta["save_id"]
+            self._checkpoint.loaded(meta, self.params)
             return
         servers = self._connected()
         self.training.settle()
@@ -479,7 +497,6 @@ class ParameterServerRuntime:
             raise CheckpointError(str(error), path=dirname) from error
         copy_dense(self.params, servers.call_all(handlers.pull_dense))
         self.training.reloaded()
-        self._checkpoint_id = meta["save_id"]
 
 
 def model_configs(

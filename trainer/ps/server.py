@@ -87,6 +87,7 @@ class ParameterServer:
         self._stopped: list[Future] = []  # worker_done calls waiting for the others
         self._pulled: dict[tuple[int, str], list[PulledRows]] = {}
         self._pulled_lock = threading.Lock()
+        self._checkpoint = checkpoint.CheckpointState()
 
     # -- description -----------------------------------------------------------
 
@@ -329,21 +330,35 @@ class ParameterServer:
 
     # -- persistence -------------------------------------------------------------
 
-    def save(self, dirname: str, kind: str = "base") -> None:
+    def save(self, dirname: str, kind: str = "base") -> list[Any]:
         """Writes this server's shards into ``dirname``: every table's rows
         (``kind`` "delta": only those changed since the last save, and the ids
-        dropped since; ``table_files``) and the dense parameters it owns."""
-        for table in self.tables.values():
+        dropped since; ``table_files``) and the dense parameters it owns.
+        Returns ``[unchanged, state]``: whether nothing changed since the last
+        committed save or the load, whose checkpoint state is ``state``
+        (``commit_save`` gives the new one)."""
+        before = self._checkpoint.state
+        unchanged_tables = [
             table_files.write_shard(table, dirname, self.index, delta=kind == "delta")
+            for table in self.tables.values()
+        ]
+        unchanged = all(unchanged_tables)
         with self._dense_lock:
+            params = [self.dense[i].detach().clone() for i in self.owned]
             state = {
                 "indices": torch.tensor(self.owned, dtype=torch.int64),
-                "params": [self.dense[i].detach().clone() for i in self.owned],
+                "params": params,
                 "optimizer": (
                     None if self.dense_optimizer is None else self.dense_optimizer.state_dict()
                 ),
             }
+        unchanged = self._checkpoint.saving(unchanged, params)
         checkpoint.save_file(state, checkpoint.dense_file(dirname, self.index))
+        return [unchanged, before]
+
+    def commit_save(self, state: str) -> None:
+        """The last save is committed, holding the checkpoint state ``state``."""
+        self._checkpoint.committed(state)
 
     def load(self, dirname: str) -> None:
         """Takes this server's part of the checkpoint at ``dirname`` (written by
@@ -358,6 +373,7 @@ class ParameterServer:
             CheckpointError: a file is malformed or does not fit the model.
         """
         meta = checkpoint.read_meta(dirname)
+        checkpoint.check_follows(meta, self._checkpoint.state, dirname)
         checkpoint.check_dense_shapes(meta, self.dense, dirname)
         values = checkpoint.dense_values(dirname, meta)
         optimizer_state = None
@@ -375,6 +391,7 @@ class ParameterServer:
                 self.dense[i].copy_(values[i])
             if self.dense_optimizer is not None and optimizer_state is not None:
                 self.dense_optimizer.load_state_dict(optimizer_state)
+            self._checkpoint.loaded(meta, [self.dense[i] for i in self.owned])
         log.info("server %d loaded %s", self.index, dirname)
 
 
@@ -405,6 +422,9 @@ def _require_finite(values: torch.Tensor, what: str) -> None:
         bad = int((~finite).sum())
         raise ValueError(f"{what}: expected finite values, found {bad} NaN or infinite")
 
+
+# A checkpoint state is a save's uuid4 hex (32 characters).
+MAX_STATE_CHARS = 64
 
 # A pass is a day or an hour number (Paddle's 20261127): anything beyond this is
 # a mistake, and would not fit the int64 a save records it in.
@@ -471,15 +491,23 @@ def barrier(worker: int) -> Future:
     return _current().barrier(worker)
 
 
-def save(dirname: str, kind: str) -> None:
+def save(dirname: str, kind: str) -> list[Any]:
     """Writes this server's shards (``kind``: "base" or "delta") into ``dirname``,
-    which must lie under the server's checkpoint root (``confined``)."""
+    which must lie under the server's checkpoint root (``confined``);
+    ``[unchanged, state]`` (``ParameterServer.save``)."""
     if kind not in ("base", "delta"):
         raise CheckpointError(
             f"expected a save of kind 'base' or 'delta', found {kind!r:.100}", path=str(dirname)
         )
     server = _current()
-    server.save(confined_directory(dirname, server.checkpoint_root, create=True), kind)
+    return server.save(confined_directory(dirname, server.checkpoint_root, create=True), kind)
+
+
+def commit_save(state: str) -> None:
+    """The last save is committed with the checkpoint state ``state``."""
+    if not isinstance(state, str) or not 0 < len(state) <= MAX_STATE_CHARS:
+        raise ValueError(f"expected a checkpoint state id of 1 to {MAX_STATE_CHARS} characters")
+    _current().commit_save(state)
 
 
 def load(dirname: str) -> None:
@@ -521,7 +549,8 @@ def add_clicks(name: str, ids: torch.Tensor, clicks: torch.Tensor) -> None:
 HANDLERS = {
     f.__name__: f
     for f in (describe, pull_tables, pull_step, pull_dense, push, push_sync, geo_push, worker_done,
-              barrier, save, load, table_size, set_pass, shrink, table_stats, add_clicks)
+              barrier, save, commit_save, load, table_size, set_pass, shrink, table_stats,
+              add_clicks)
 }
 
 

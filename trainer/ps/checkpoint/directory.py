@@ -3,15 +3,16 @@
 A checkpoint is a directory::
 
     meta.json                       format, kind (base or delta), tables (name, dim,
-                                    seed, ...), dense shapes, server_num, save_id, after
+                                    seed, ...), dense shapes, server_num, save_id,
+                                    state, after
     sparse.<table>.shard<i>.arrow   server i's rows of a table (Arrow IPC, ``table_files``
                                     of this package; a delta adds ``.dropped.arrow`` files)
     dense.shard<i>.pt               the dense parameters server i owns (``indices``,
                                     ``params``) and its optimizer's state_dict
 
 A base holds every row; a delta the rows changed since the save it follows
-(``after``: that save's ``save_id``) and the ids dropped since; loading a base
-then its deltas in order gives the tables exactly. Dense parameters are small:
+(``after``: that save's ``state``, ``CheckpointState``) and the ids dropped
+since; loading a base then its deltas in order gives the tables exactly. Dense parameters are small:
 every checkpoint holds them all. Every ``.pt`` file holds only tensors, numbers,
 strings and lists/dicts of them: ``torch.load(path, weights_only=True)`` reads
 it. Checkpoints of format ``fleetfeed-ps/1`` (sparse rows in ``.pt`` files,
@@ -205,10 +206,14 @@ def read_meta(dirname: str) -> dict[str, Any]:
                 f"{path}: expected the key {key!r}, found keys {describe_value(sorted(meta))}",
                 path=path,
             )
-    if meta["kind"] not in KINDS or not isinstance(meta.get("after"), (str, type(None))):
+    if meta["kind"] not in KINDS or not all(
+        isinstance(meta.get(key), (str, type(None))) for key in ("after", "state", "save_id")
+    ):
         raise CheckpointError(
-            f"{path}: expected 'kind' base or delta and 'after' a save id or null, found "
-            f"{describe_value(meta['kind'])} and {describe_value(meta.get('after'))}",
+            f"{path}: expected 'kind' base or delta, and 'after', 'state' and 'save_id' save "
+            f"ids or null, found {describe_value(meta['kind'])}, "
+            f"{describe_value(meta.get('after'))}, {describe_value(meta.get('state'))} and "
+            f"{describe_value(meta.get('save_id'))}",
             path=path,
         )
     dense = meta["dense"]
@@ -509,18 +514,64 @@ def save_kind(mode: Any) -> str:
     return kinds[mode]
 
 
-def check_follows(meta: dict[str, Any], last_id: str | None, dirname: str) -> None:
-    """Checks that a delta checkpoint follows the save or load ``last_id``
-    (this process's last; None: unknown, nothing checked).
+def state_of(meta: dict[str, Any]) -> str | None:
+    """The state of the rows a checkpoint holds: its ``state`` (a save made
+    with nothing changed since the save before it holds that save's state, as
+    the day's checkpoint after a pass's delta does), else its ``save_id``."""
+    return meta.get("state") or meta.get("save_id")
+
+
+class CheckpointState:
+    """Which checkpoint state a process's rows and dense values are at, so
+    that a save can say it holds the same state as the save before it (the
+    day's checkpoint right after a pass's delta) and a delta can name the
+    state it follows (``after``): that of the last committed save, or of the
+    load. A save written but not committed has marked its rows saved: the
+    state is unknown (None) until the next commit or load."""
+
+    def __init__(self) -> None:
+        self._state: str | None = None
+        self._dense: list[torch.Tensor] | None = None
+        self._uncommitted = False
+
+    @property
+    def state(self) -> str | None:
+        """The state the rows are at (None: unknown)."""
+        return None if self._uncommitted else self._state
+
+    def saving(self, tables_unchanged: bool, dense: list[torch.Tensor]) -> bool:
+        """A save wrote the tables (``tables_unchanged``: none changed since
+        its last save or load) and ``dense``; whether it holds ``state``."""
+        unchanged = (
+            tables_unchanged and self.state is not None and self._dense is not None
+            and len(self._dense) == len(dense)
+            and all(torch.equal(a, b) for a, b in zip(self._dense, dense, strict=True))
+        )
+        self._uncommitted, self._dense = True, [d.detach().clone() for d in dense]
+        return unchanged
+
+    def committed(self, state: str) -> None:
+        """The save is committed: the rows are at ``state``."""
+        self._state, self._uncommitted = state, False
+
+    def loaded(self, meta: dict[str, Any], dense: list[torch.Tensor]) -> None:
+        """The rows and ``dense`` values now are those of the checkpoint of ``meta``."""
+        self._state, self._uncommitted = state_of(meta), False
+        self._dense = [d.detach().clone() for d in dense]
+
+
+def check_follows(meta: dict[str, Any], state: str | None, dirname: str) -> None:
+    """Checks that a delta checkpoint follows the rows' ``state`` (that of the
+    last save or load; None: unknown, nothing checked).
 
     Raises:
         CheckpointError: the delta follows another save.
     """
-    if meta["kind"] != "delta" or last_id is None or meta.get("after") in (None, last_id):
+    if meta["kind"] != "delta" or state is None or meta.get("after") in (None, state):
         return
     raise CheckpointError(
         f"checkpoint {dirname!r} is a delta of save {meta['after']}; the tables here are at "
-        f"save {last_id} (the last saved or loaded): load its base and the deltas before it, "
+        f"save {state} (the last saved or loaded): load its base and the deltas before it, "
         "in order",
         path=dirname,
     )

@@ -132,10 +132,11 @@ def _column(values: np.ndarray, kind: pa.DataType) -> pa.Array:
 
 
 def write_shard(table: Any, dirname: str, shard: int, *, delta: bool,
-                chunk_rows: int = CHUNK_ROWS) -> None:
+                chunk_rows: int = CHUNK_ROWS) -> bool:
     """Writes ``table`` (a ``SparseTable``, server ``shard``'s part) into
     ``dirname``: its rows file, and for a ``delta`` only the rows changed since
-    the last save plus the dropped-ids file. Marks the rows saved."""
+    the last save plus the dropped-ids file. Marks the rows saved. Returns
+    whether the table had not changed since its last save or load."""
     kind = "delta" if delta else "base"
     path = rows_file(dirname, table.name, shard)
     metadata = {"fleetfeed.table_format": TABLE_FORMAT_VERSION, "table": table.name,
@@ -154,7 +155,7 @@ def write_shard(table: Any, dirname: str, shard: int, *, delta: bool,
         _write_batch(opened[0], pa.RecordBatch.from_arrays(arrays, schema=schema))
 
     try:
-        dropped = table.export_rows(begin, write, delta=delta, chunk_rows=chunk_rows)
+        dropped, unchanged = table.export_rows(begin, write, delta=delta, chunk_rows=chunk_rows)
         opened[0].close()
     finally:
         sink.close()
@@ -166,6 +167,7 @@ def write_shard(table: Any, dirname: str, shard: int, *, delta: bool,
             for start in range(0, dropped.shape[0], chunk_rows):
                 part = pa.array(dropped[start:start + chunk_rows], type=pa.uint64())
                 _write_batch(writer, pa.RecordBatch.from_arrays([part], schema=schema))
+    return unchanged
 
 
 def _write_batch(writer: Any, batch: pa.RecordBatch) -> None:

@@ -550,13 +550,15 @@ class SparseTable:
         *,
         delta: bool = False,
         chunk_rows: int = 1 << 16,
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, bool]:
         """Streams the rows (``delta``: those changed since the last save) for
         a save, with no second copy of the table, under the lock throughout (one
         snapshot): ``begin(header)`` (``rows``, ``pass``, ``optimizer``), then
         ``write(columns)`` per chunk of at most ``chunk_rows`` rows (columns as
         in ``saved_rows``, valid during the call only); then marks the rows
-        saved. Returns the ids dropped since the last save (a delta deletes them).
+        saved. Returns the ids dropped since the last save (a delta deletes
+        them) and whether no row was pulled, written or dropped since the last
+        save or load (False before the first): the rows that save holds.
 
         Raises:
             CheckpointError: a delta of a table neither saved nor loaded
@@ -571,6 +573,9 @@ class SparseTable:
                     path=self.name,
                 )
             n = self._index.size
+            unchanged = (
+                stats.dropped is not None and not stats.dropped and not stats.changed[:n].any()
+            )
             ids = self._index.ids_in_row_order()
             rows = np.flatnonzero(stats.changed[:n]) if delta else None
             count = n if rows is None else rows.shape[0]
@@ -588,7 +593,7 @@ class SparseTable:
                 write(columns)
             dropped = np.concatenate(stats.dropped) if stats.dropped else np.zeros(0, _U64)
             stats.mark_saved(n)
-            return dropped
+            return dropped, unchanged
 
     def check_state_dict(
         self, state: Any, rows_to_load: np.ndarray | None = None, *, where: str | None = None
