@@ -184,6 +184,29 @@ def test_a_failing_look_is_waited_through_and_named_at_the_timeout(monkeypatch) 
     assert looked[0] == "s3://bucket/d/_SUCCESS?region=x"  # the query stays last
 
 
+def test_a_long_wait_says_what_it_waits_for_and_why_a_look_failed(monkeypatch, caplog) -> None:
+    from datafeed.source import fs
+    from trainer.loop import online
+
+    looks = iter([False, False, OSError("permission denied"), False, True])
+
+    def exists(path, filesystem=None):
+        found = next(looks)
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    monkeypatch.setattr(fs, "exists", exists)
+    monkeypatch.setattr(online, "WAIT_NOTE_SECONDS", 0.01)
+    with caplog.at_level("INFO", logger="trainer.loop.online"):
+        wait_for_done_file("/data/20261127/03", "_SUCCESS", 0.02, None)
+    notes = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert notes and all("still waiting for /data/20261127/03/_SUCCESS" in m for _, m in notes)
+    assert notes[0][0] == "INFO" and "failed" not in notes[0][1]
+    assert ("WARNING" in [level for level, _ in notes]
+            and any("the last look failed: permission denied" in m for _, m in notes))
+
+
 class RecordingFleet:
     """The fleet API as OnlineLoop calls it, one worker, recording each call."""
 

@@ -31,6 +31,7 @@ writer reads the file, adds its line and replaces it.
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 import re
 import time
@@ -47,6 +48,11 @@ __all__ = [
     "write_model_donefile",
     "write_xbox_donefile",
 ]
+
+log = logging.getLogger(__name__)
+
+# How often a wait for a slice says it is still waiting (and why, when a look failed).
+WAIT_NOTE_SECONDS = 600.0
 
 _RANGE = re.compile(r"^(?:(\d+)|\{(\d+)\.\.(\d+)\}|\{(\d+)\})$")
 
@@ -109,7 +115,9 @@ def wait_for_done_file(
 ) -> float:
     """Waits until ``folder/done_file`` exists (a slice is complete); returns the
     seconds waited. A filesystem error while looking (a remote store that did
-    not answer) counts as "not there yet": the job goes on waiting.
+    not answer) counts as "not there yet": the job goes on waiting. Every
+    ``WAIT_NOTE_SECONDS`` it logs that it still waits (a warning, with the
+    error, when the last look failed).
 
     Raises:
         DoneFileTimeout: it did not appear within ``timeout`` seconds (None: no limit).
@@ -119,6 +127,7 @@ def wait_for_done_file(
     path = join(folder, done_file)
     started = time.monotonic()
     last_error: OSError | None = None
+    noted = 0.0
     while True:
         try:
             if fs.exists(path, filesystem):
@@ -126,6 +135,14 @@ def wait_for_done_file(
         except OSError as error:
             last_error = error
         waited = time.monotonic() - started
+        if waited - noted >= WAIT_NOTE_SECONDS:
+            noted = waited
+            # A look that failed is news (a store, a permission); a slice not there yet is not.
+            log.log(
+                logging.INFO if last_error is None else logging.WARNING,
+                "still waiting for %s after %.0f s%s", path, waited,
+                f"; the last look failed: {last_error}" if last_error is not None else "",
+            )
         if timeout is not None and waited >= timeout:
             why = f"; the last look failed: {last_error}" if last_error is not None else ""
             raise DoneFileTimeout(
