@@ -169,6 +169,60 @@ def contents(servers: list[ParameterServer], table: str) -> dict:
     return {"rows": rows, "dense": dense}
 
 
+def test_servers_keep_the_checkpoint_state_and_a_delta_loads_on_all_or_none(
+    tmp_path, table_name, monkeypatch
+):
+    # The servers know which checkpoint their rows are at: each save gives it
+    # and a token, and only that save's commit moves it. A delta is checked
+    # against it before any server loads: servers at different checkpoints (one
+    # restarted from another save) take nothing.
+    from support import InProcessServers
+
+    from trainer.ps import server as handlers
+    from trainer.ps.modes import WorkerLink
+
+    monkeypatch.setenv("FLEETFEED_CHECKPOINT_ROOT", str(tmp_path))
+    servers = make_servers(table_name, 2)
+    model = Small(table_name)
+    role = ClusterRole(Role.WORKER, 0, 1, ("127.0.0.1:1", "127.0.0.1:2"), job_secret="k" * 32)
+    runtime = ParameterServerRuntime(role, Strategy("async"))
+    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1), model=model)
+    runtime.servers = InProcessServers(servers)
+    runtime.training.connect(WorkerLink(0, runtime.servers, lambda c: None))
+    try:
+        train(servers, table_name, 3, seed=1)
+        runtime.save_persistables(str(tmp_path / "base"), mode=0)
+        base = checkpoint.read_meta(str(tmp_path / "base"))
+        assert {s.describe()["checkpoint_state"] for s in servers} == {base["save_id"]}
+        train(servers, table_name, 2, seed=2)
+        runtime.save_persistables(str(tmp_path / "delta-1"), mode=1)
+        train(servers, table_name, 2, seed=3)
+        runtime.save_persistables(str(tmp_path / "delta-2"), mode=1)
+        # A commit that names no save in progress changes nothing.
+        (tmp_path / "loose").mkdir()
+        unchanged, before, token = servers[0].save(str(tmp_path / "loose"), "base")
+        assert unchanged and before == checkpoint.state_of(
+            checkpoint.read_meta(str(tmp_path / "delta-2")))
+        with pytest.raises(ValueError, match="no save in progress has the commit token"):
+            servers[0].commit_save("not-" + token, "forged")
+        assert servers[0].describe()["checkpoint_state"] is None  # a save not committed
+        servers[0].commit_save(token, before)
+        # Server 1 restarted from the base, server 0 still at delta-2.
+        runtime.servers.call(1, handlers.load, str(tmp_path / "base"))
+        held = contents(servers, table_name)
+        with pytest.raises(CheckpointError, match="at different checkpoints"):
+            runtime.load_persistables(str(tmp_path / "delta-1"))
+        assert contents(servers, table_name) == held
+        # Both at the base: the chain loads in order, and out of order is refused.
+        runtime.load_persistables(str(tmp_path / "base"))
+        with pytest.raises(CheckpointError, match="load its base and the deltas before it"):
+            runtime.load_persistables(str(tmp_path / "delta-2"))
+        runtime.load_persistables(str(tmp_path / "delta-1"))
+        runtime.load_persistables(str(tmp_path / "delta-2"))
+    finally:
+        runtime.servers = None
+
+
 @pytest.mark.parametrize(("written_by", "loaded_by"), [(2, 3), (3, 1), (1, 2), (3, 2)])
 def test_a_checkpoint_reshards_onto_another_server_count(
     tmp_path, table_name, written_by, loaded_by

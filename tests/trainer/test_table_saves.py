@@ -247,11 +247,19 @@ def test_a_checkpoint_between_deltas_leaves_the_chain_whole(tmp_path):
             assert checkpoint.state_of(meta(str(pass_id))) == checkpoint.state_of(
                 meta(f"delta-{pass_id}"))
         assert meta("delta-2")["after"] == checkpoint.state_of(meta("delta-1"))
-        # Training between two saves makes the later one a state of its own.
+        # Training between two saves makes the later one a state of its own,
+        # and so do a shrink (it decays statistics even when it drops nothing)
+        # and a new pass.
         model["emb"](torch.tensor([[7]]))
         runtime.save_persistables(str(tmp_path / "4"), mode=0)
         assert checkpoint.state_of(meta("4")) == meta("4")["save_id"] != checkpoint.state_of(
             meta("3"))
+        for name, change in (("shrunk", runtime.shrink), ("next-day", lambda: runtime.set_pass(2))):
+            runtime.save_persistables(str(tmp_path / f"same-{name}"), mode=0)  # nothing changed
+            assert checkpoint.state_of(meta(f"same-{name}")) != meta(f"same-{name}")["save_id"]
+            change()
+            runtime.save_persistables(str(tmp_path / name), mode=0)
+            assert checkpoint.state_of(meta(name)) == meta(name)["save_id"], name
         last = runtime_tables()
         stores.local_store().clear()
         reader = ParameterServerRuntime(ClusterRole.local(), None)
@@ -271,7 +279,7 @@ def test_a_checkpoint_between_deltas_leaves_the_chain_whole(tmp_path):
         pending.clear_pending()
 
 
-def test_a_failed_save_leaves_the_state_unknown(tmp_path, monkeypatch):
+def test_a_failed_save_leaves_the_state_unknown(tmp_path, monkeypatch, caplog):
     # A save that did not commit has marked its rows saved: the next save must
     # not claim the state of the save before it, nor a delta follow that one.
     model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "chain"),
@@ -290,11 +298,18 @@ def test_a_failed_save_leaves_the_state_unknown(tmp_path, monkeypatch):
             patched.setattr(checkpoint, "commit", refuse)
             with pytest.raises(OSError, match="disk full"):
                 runtime.save_persistables(str(tmp_path / "failed"), mode=0)
-        runtime.save_persistables(str(tmp_path / "after"), mode=0)
+        runtime._save_failed = False  # as in a worker restarted since: only the state knows
+        with caplog.at_level("WARNING", logger="trainer.ps.runtime"):
+            runtime.save_persistables(str(tmp_path / "after"), mode=1)
+        assert "writing a base" in caplog.text
         after = checkpoint.read_meta(str(tmp_path / "after"))
+        assert after["kind"] == "base" and after["after"] is None
         assert checkpoint.state_of(after) == after["save_id"]
         assert checkpoint.state_of(after) != checkpoint.state_of(
             checkpoint.read_meta(str(tmp_path / "base")))
+        # Committed again: the next delta follows it.
+        runtime.save_persistables(str(tmp_path / "next"), mode=1)
+        assert checkpoint.read_meta(str(tmp_path / "next"))["after"] == after["save_id"]
     finally:
         stores.local_store().clear()
         pending.clear_pending()

@@ -402,13 +402,14 @@ class ParameterServerRuntime:
         try:
             if self.local:
                 server_num = 1
-                before = self._checkpoint.state
+                token, before = self._checkpoint.begin()
                 unchanged_tables = [
                     table_files.write_shard(table, staging, 0, delta=kind == "delta")
                     for table in self._local_tables("save_persistables()").values()
                 ]
                 params = [p.detach().clone() for p in self.params]
-                replies = [[self._checkpoint.saving(all(unchanged_tables), params), before]]
+                same = self._checkpoint.written(token, all(unchanged_tables), params)
+                replies = [[same, before, token]]
                 checkpoint.save_file(
                     {
                         "indices": torch.arange(len(self.params)),
@@ -423,10 +424,21 @@ class ParameterServerRuntime:
                 server_num = len(servers)
                 replies = servers.call_all(handlers.save, [(staging, kind)] * server_num)
             # Each server: [nothing changed since its last save or load, the
-            # state that left its rows at]; they agree unless one was restarted.
-            states = {before for _, before in replies}
+            # state that left its rows at, its commit token]; they agree unless
+            # a save failed or a server was restarted.
+            states = {before for _, before, _ in replies}
             before = states.pop() if len(states) == 1 else None
-            unchanged = before is not None and all(same for same, _ in replies)
+            if kind == "delta" and before is None:
+                # Its rows may have been marked saved by a save that never
+                # committed: a delta could not say what it follows.
+                log.warning(
+                    "save_persistables(%s): the tables' last save is not known (a save "
+                    "failed, or the servers were restarted); writing a base", dirname,
+                )
+                shutil.rmtree(staging, ignore_errors=True)
+                self.save_persistables(dirname, extra_files, "base")
+                return
+            unchanged = before is not None and all(same for same, _, _ in replies)
             state = before if unchanged else save_id
             for name, data in (extra_files or {}).items():
                 write_atomically(os.path.join(staging, name), data)
@@ -443,9 +455,9 @@ class ParameterServerRuntime:
             }
             checkpoint.commit(staging, dirname, meta)
             if self.local:
-                self._checkpoint.committed(state)
+                self._checkpoint.committed(token, state)
             else:
-                servers.call_all(handlers.commit_save, [(state,)] * server_num)
+                servers.call_all(handlers.commit_save, [(t, state) for _, _, t in replies])
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             self._save_failed = True
@@ -486,6 +498,17 @@ class ParameterServerRuntime:
             self._checkpoint.loaded(meta, self.params)
             return
         servers = self._connected()
+        if meta["kind"] == "delta":
+            # Checked here, before any server loads: a delta some servers took
+            # and others refused would leave the tables mixed.
+            states = {info.get("checkpoint_state") for info in servers.call_all(handlers.describe)}
+            if len(states) > 1:
+                raise CheckpointError(
+                    f"checkpoint {dirname!r} is a delta, but the servers' rows are at "
+                    f"different checkpoints ({sorted(map(str, states))}): load a base first",
+                    path=dirname,
+                )
+            checkpoint.check_follows(meta, states.pop(), dirname)
         self.training.settle()
         try:
             servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers))

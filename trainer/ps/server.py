@@ -99,6 +99,7 @@ class ParameterServer:
             "mode": self.mode,
             "tables": {n: [t.dim, t.optimizer.kind] for n, t in sorted(self.tables.items())},
             "dense": [list(p.shape) for p in self.dense],
+            "checkpoint_state": self._checkpoint.state,
         }
 
     def check_worker(self, worker: int) -> int:
@@ -334,15 +335,15 @@ class ParameterServer:
         """Writes this server's shards into ``dirname``: every table's rows
         (``kind`` "delta": only those changed since the last save, and the ids
         dropped since; ``table_files``) and the dense parameters it owns.
-        Returns ``[unchanged, state]``: whether nothing changed since the last
-        committed save or the load, whose checkpoint state is ``state``
-        (``commit_save`` gives the new one)."""
-        before = self._checkpoint.state
+        Returns ``[unchanged, state, token]``: whether nothing changed since
+        the last committed save or the load, whose checkpoint state is
+        ``state`` (None: unknown), and the token ``commit_save`` takes with the
+        new one."""
+        token, before = self._checkpoint.begin()
         unchanged_tables = [
             table_files.write_shard(table, dirname, self.index, delta=kind == "delta")
             for table in self.tables.values()
         ]
-        unchanged = all(unchanged_tables)
         with self._dense_lock:
             params = [self.dense[i].detach().clone() for i in self.owned]
             state = {
@@ -352,13 +353,21 @@ class ParameterServer:
                     None if self.dense_optimizer is None else self.dense_optimizer.state_dict()
                 ),
             }
-        unchanged = self._checkpoint.saving(unchanged, params)
+        unchanged = self._checkpoint.written(token, all(unchanged_tables), params)
         checkpoint.save_file(state, checkpoint.dense_file(dirname, self.index))
-        return [unchanged, before]
+        return [unchanged, before, token]
 
-    def commit_save(self, state: str) -> None:
-        """The last save is committed, holding the checkpoint state ``state``."""
-        self._checkpoint.committed(state)
+    def commit_save(self, token: str, state: str) -> None:
+        """The save that returned ``token`` is committed, holding the
+        checkpoint state ``state``.
+
+        Raises:
+            ValueError: ``token`` is not the save in progress (nothing changes).
+        """
+        if not self._checkpoint.committed(token, state):
+            raise ValueError(
+                f"server {self.index}: no save in progress has the commit token {token!r:.80}"
+            )
 
     def load(self, dirname: str) -> None:
         """Takes this server's part of the checkpoint at ``dirname`` (written by
@@ -503,11 +512,11 @@ def save(dirname: str, kind: str) -> list[Any]:
     return server.save(confined_directory(dirname, server.checkpoint_root, create=True), kind)
 
 
-def commit_save(state: str) -> None:
-    """The last save is committed with the checkpoint state ``state``."""
-    if not isinstance(state, str) or not 0 < len(state) <= MAX_STATE_CHARS:
+def commit_save(token: str, state: str) -> None:
+    """The save that returned ``token`` is committed with the checkpoint state ``state``."""
+    if not 0 < len(state) <= MAX_STATE_CHARS:
         raise ValueError(f"expected a checkpoint state id of 1 to {MAX_STATE_CHARS} characters")
-    _current().commit_save(state)
+    _current().commit_save(token, state)
 
 
 def load(dirname: str) -> None:

@@ -418,7 +418,7 @@ OPS: dict[str, tuple[Any, ...]] = {
     "worker_done": ("int",),
     "barrier": ("int",),
     "save": ("str", "str"),
-    "commit_save": ("str",),
+    "commit_save": ("str", "str"),
     "load": ("str",),
     "table_size": ("str",),
     "set_pass": ("int",),

@@ -41,6 +41,7 @@ import mmap
 import os
 import shutil
 import stat
+import threading
 import uuid
 import zipfile
 from collections.abc import Sequence
@@ -526,38 +527,57 @@ class CheckpointState:
     that a save can say it holds the same state as the save before it (the
     day's checkpoint right after a pass's delta) and a delta can name the
     state it follows (``after``): that of the last committed save, or of the
-    load. A save written but not committed has marked its rows saved: the
-    state is unknown (None) until the next commit or load."""
+    load. A save begun and not committed has marked its rows saved: the state
+    is unknown (None) until a later save commits or a load. Thread-safe: a
+    server's handlers run on a pool."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._state: str | None = None
         self._dense: list[torch.Tensor] | None = None
-        self._uncommitted = False
+        self._pending: str | None = None  # the save begun and not committed
 
     @property
     def state(self) -> str | None:
         """The state the rows are at (None: unknown)."""
-        return None if self._uncommitted else self._state
+        with self._lock:
+            return None if self._pending is not None else self._state
 
-    def saving(self, tables_unchanged: bool, dense: list[torch.Tensor]) -> bool:
-        """A save wrote the tables (``tables_unchanged``: none changed since
-        its last save or load) and ``dense``; whether it holds ``state``."""
-        unchanged = (
-            tables_unchanged and self.state is not None and self._dense is not None
-            and len(self._dense) == len(dense)
-            and all(torch.equal(a, b) for a, b in zip(self._dense, dense, strict=True))
-        )
-        self._uncommitted, self._dense = True, [d.detach().clone() for d in dense]
-        return unchanged
+    def begin(self) -> tuple[str, str | None]:
+        """A save starts: ``(token, state)``, the token its commit must give,
+        and the state the rows were at (None: unknown)."""
+        with self._lock:
+            before = None if self._pending is not None else self._state
+            self._pending = uuid.uuid4().hex
+            return self._pending, before
 
-    def committed(self, state: str) -> None:
-        """The save is committed: the rows are at ``state``."""
-        self._state, self._uncommitted = state, False
+    def written(self, token: str, tables_unchanged: bool, dense: list[torch.Tensor]) -> bool:
+        """The save of ``token`` wrote the tables (``tables_unchanged``: none
+        changed since its last save or load) and ``dense``; whether it holds
+        the state the rows were at when it began."""
+        with self._lock:
+            unchanged = (
+                tables_unchanged and token == self._pending and self._dense is not None
+                and len(self._dense) == len(dense)
+                and all(torch.equal(a, b) for a, b in zip(self._dense, dense, strict=True))
+            )
+            self._dense = [d.detach().clone() for d in dense]
+            return unchanged
+
+    def committed(self, token: str, state: str) -> bool:
+        """The save of ``token`` is committed holding ``state``; False (nothing
+        changes) when it is not the save in progress."""
+        with self._lock:
+            if token != self._pending:
+                return False
+            self._state, self._pending = state, None
+            return True
 
     def loaded(self, meta: dict[str, Any], dense: list[torch.Tensor]) -> None:
         """The rows and ``dense`` values now are those of the checkpoint of ``meta``."""
-        self._state, self._uncommitted = state_of(meta), False
-        self._dense = [d.detach().clone() for d in dense]
+        with self._lock:
+            self._state, self._pending = state_of(meta), None
+            self._dense = [d.detach().clone() for d in dense]
 
 
 def check_follows(meta: dict[str, Any], state: str | None, dirname: str) -> None:

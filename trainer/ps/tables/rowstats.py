@@ -78,6 +78,9 @@ class RowStats:
         self.clock = PassClock()
         self.pending = PendingIds()
         self.dropped: list[np.ndarray] | None = None  # ids dropped since mark_saved()
+        # Statistics changed since mark_saved() beyond the rows' flags (a shrink's
+        # decay, clicks, a new pass): a save then holds a state of its own.
+        self.altered = True
 
     @property
     def show(self) -> np.ndarray:
@@ -146,6 +149,7 @@ class RowStats:
     def add_clicks(self, rows: np.ndarray, clicks: np.ndarray) -> None:
         """Adds ``clicks`` (float32) to the click counts of ``rows`` (-1 skipped)."""
         add_clicks_rows(self.records, rows, clicks)
+        self.altered = True
 
     def dropping(self, ids: np.ndarray) -> None:
         """``ids`` are about to be dropped (recorded once a save started the log)."""
@@ -155,6 +159,7 @@ class RowStats:
     def shrink_mask(self, accessor: object, rows: int) -> np.ndarray:
         """Decays show and click of the first ``rows`` rows; which to drop."""
         unseen = self.clock.unseen_passes(self.last[:rows])
+        self.altered = True
         return accessor.decay_and_drop(self.show[:rows], self.click[:rows], unseen)
 
     def drop_unseen_pending(self, passes: int) -> int:
@@ -181,6 +186,7 @@ class RowStats:
         """Every row is saved: clears the flags; starts (or restarts) the dropped-id log."""
         self.changed[:rows] = 0
         self.dropped = []
+        self.altered = False
 
 
 class PendingIds:

@@ -323,7 +323,10 @@ class SparseTable:
             ValueError: ``pass_id`` is before the current pass.
         """
         with self._lock:
+            before = self._stats.clock.current_pass
             self._stats.clock.set_pass(pass_id, f"table '{self.name}'")
+            if self._stats.clock.current_pass != before:
+                self._stats.altered = True  # a later pass: the rows' unseen days move
 
     @property
     def current_pass(self) -> int:
@@ -557,8 +560,9 @@ class SparseTable:
         ``write(columns)`` per chunk of at most ``chunk_rows`` rows (columns as
         in ``saved_rows``, valid during the call only); then marks the rows
         saved. Returns the ids dropped since the last save (a delta deletes
-        them) and whether no row was pulled, written or dropped since the last
-        save or load (False before the first): the rows that save holds.
+        them) and whether nothing changed since the last save or load (no row
+        pulled, written or dropped, no shrink, click or new pass; False before
+        the first): the rows that save holds.
 
         Raises:
             CheckpointError: a delta of a table neither saved nor loaded
@@ -574,7 +578,8 @@ class SparseTable:
                 )
             n = self._index.size
             unchanged = (
-                stats.dropped is not None and not stats.dropped and not stats.changed[:n].any()
+                stats.dropped is not None and not stats.dropped and not stats.altered
+                and not stats.changed[:n].any()
             )
             ids = self._index.ids_in_row_order()
             rows = np.flatnonzero(stats.changed[:n]) if delta else None
