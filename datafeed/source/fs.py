@@ -53,6 +53,8 @@ __all__ = [
     "open_bytes",
     "open_input",
     "stat",
+    "sync_directory",
+    "sync_to_disk",
     "write_atomically",
     "write_stream_atomically",
 ]
@@ -326,24 +328,31 @@ def write_atomically(path: str, content: bytes | Callable[[str], object]) -> Non
         else:
             with open(temporary, "xb") as out:
                 out.write(content)
-        descriptor = os.open(temporary, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        sync_to_disk(temporary)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    # The rename reaches the disk with the directory. A filesystem that cannot
-    # sync a directory still has the new file in place: not a failed write.
+    sync_directory(directory)
+
+
+def sync_to_disk(path: str) -> None:
+    """``fsync`` of the local file ``path``: its data reach the disk before
+    anything that names it (a rename, a done file) does."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def sync_directory(directory: str) -> None:
+    """``fsync`` of a local directory: its entries (a rename into it, a new
+    file) reach the disk. A filesystem that cannot sync a directory keeps the
+    entries in place all the same: not a failure."""
     with contextlib.suppress(OSError):
-        descriptor = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        sync_to_disk(directory)
 
 
 def write_stream_atomically(path: str, write: Callable[[Any], object]) -> None:

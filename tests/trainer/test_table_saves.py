@@ -11,6 +11,7 @@ peak memory growth (a subprocess); the reader and the CLI need no job.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -310,6 +311,60 @@ def test_a_failed_save_leaves_the_state_unknown(tmp_path, monkeypatch, caplog):
         # Committed again: the next delta follows it.
         runtime.save_persistables(str(tmp_path / "next"), mode=1)
         assert checkpoint.read_meta(str(tmp_path / "next"))["after"] == after["save_id"]
+    finally:
+        stores.local_store().clear()
+        pending.clear_pending()
+
+
+def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_committed(tmp_path, monkeypatch):
+    # A done file lists a checkpoint once it is committed: after a power loss
+    # that checkpoint must be whole, so each of its files, meta.json and its
+    # folder reach the disk before the rename that commits it, and the rename
+    # reaches it with the parent folder.
+    import os
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(descriptor):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        return real_fsync(descriptor)
+
+    def replace(source, target, **kwargs):
+        events.append(("replace", os.path.abspath(target)))
+        return real_replace(source, target, **kwargs)
+
+    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "durable"),
+                                 "out": torch.nn.Linear(DIM, 1)})
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    try:
+        model["emb"](torch.tensor([[1, 2, 3]]))
+        runtime.save_persistables(str(tmp_path / "base"), mode=0)
+        model["emb"](torch.tensor([[4]]))
+        for name, mode in (("delta", 1), ("base", 0)):  # the second replaces a checkpoint
+            events.clear()
+            with monkeypatch.context() as patched:
+                patched.setattr(os, "fsync", fsync)
+                patched.setattr(os, "replace", replace)
+                runtime.save_persistables(str(tmp_path / name), mode=mode)
+            target = str(tmp_path / name)
+            committed = events.index(("replace", target))
+            # A file written whole (write_atomically) is synced under its
+            # temporary name, ".<name>.<hex>.tmp", then renamed.
+            synced = {
+                re.sub(r"/\.([^/]+)\.[0-9a-f]{32}\.tmp$", r"/\1", path)
+                for kind, path in events[:committed] if kind == "fsync"
+            }
+            staging = {os.path.dirname(p) for p in synced if os.path.basename(p) == "meta.json"}
+            assert len(staging) == 1, events
+            files = {os.path.basename(p) for p in synced if os.path.dirname(p) in staging}
+            expected = {"meta.json", "dense.shard0.pt", "sparse.durable.shard0.arrow"}
+            if mode == 1:
+                expected.add("sparse.durable.shard0.dropped.arrow")
+            assert files == expected, events
+            assert staging <= synced  # the folder's entries
+            assert ("fsync", str(tmp_path)) in events[committed:]  # the rename
     finally:
         stores.local_store().clear()
         pending.clear_pending()

@@ -18,7 +18,9 @@ strings and lists/dicts of them: ``torch.load(path, weights_only=True)`` reads
 it. Checkpoints of format ``fleetfeed-ps/1`` (sparse rows in ``.pt`` files,
 before the Arrow files) are refused with a ``CheckpointError`` that says so.
 The directory is written under a temporary name and renamed into place once
-complete, so a reader never sees a half-written checkpoint. Shards are
+complete, so a reader never sees a half-written checkpoint; every file is
+synced to disk before the rename, and the rename after it, so a done file
+written later names a whole checkpoint even after a power loss. Shards are
 re-sharded on load: a checkpoint written by S servers loads into any number of
 servers, or into a local model. Every file names what it holds (row ids,
 parameter indices), so a loading process keeps what it owns by
@@ -50,7 +52,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from datafeed.source.fs import write_atomically
+from datafeed.source.fs import sync_directory, write_atomically
 
 from ...job.errors import CheckpointError
 from ..tables.describe import describe_value
@@ -149,9 +151,15 @@ def staging_dir(dirname: str) -> str:
 
 
 def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
-    """Writes meta.json into ``staging`` and moves it to ``dirname`` (replacing it)."""
-    with open(os.path.join(staging, "meta.json"), "w") as out:
-        json.dump(meta, out, indent=1, sort_keys=True)
+    """Writes meta.json into ``staging`` and moves it to ``dirname`` (replacing
+    it). Every file of the checkpoint is on disk before (its writers synced
+    theirs; meta.json and the folder here), and the rename is after: a done
+    file that lists it after a power loss finds it whole."""
+    write_atomically(
+        os.path.join(staging, "meta.json"),
+        json.dumps(meta, indent=1, sort_keys=True).encode(),
+    )
+    sync_directory(staging)
     if os.path.exists(dirname):
         old = f"{staging}.old"
         os.replace(dirname, old)
@@ -159,6 +167,7 @@ def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(staging, dirname)
+    sync_directory(os.path.dirname(os.path.abspath(dirname)))
 
 
 def read_meta(dirname: str) -> dict[str, Any]:

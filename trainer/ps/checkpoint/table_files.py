@@ -54,6 +54,7 @@ import numpy as np
 import pyarrow as pa
 
 from datafeed.records.arrow import file_problem
+from datafeed.source.fs import sync_to_disk
 
 from ...job.errors import CheckpointError
 from ..tables.describe import describe_value
@@ -159,14 +160,16 @@ def write_shard(table: Any, dirname: str, shard: int, *, delta: bool,
         opened[0].close()
     finally:
         sink.close()
+    sync_to_disk(path)  # on disk before the checkpoint that holds it is committed
     if delta:
         metadata["content"] = "dropped"
         schema = _dropped_schema(metadata)
-        with pa.OSFile(dropped_file(dirname, table.name, shard), "wb") as out, \
-                pa.ipc.new_file(out, schema) as writer:
+        path = dropped_file(dirname, table.name, shard)
+        with pa.OSFile(path, "wb") as out, pa.ipc.new_file(out, schema) as writer:
             for start in range(0, dropped.shape[0], chunk_rows):
                 part = pa.array(dropped[start:start + chunk_rows], type=pa.uint64())
                 _write_batch(writer, pa.RecordBatch.from_arrays([part], schema=schema))
+        sync_to_disk(path)
     return unchanged
 
 
