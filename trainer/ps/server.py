@@ -503,7 +503,7 @@ def barrier(worker: int) -> Future:
 def save(dirname: str, kind: str) -> list[Any]:
     """Writes this server's shards (``kind``: "base" or "delta") into ``dirname``,
     which must lie under the server's checkpoint root (``confined``);
-    ``[unchanged, state]`` (``ParameterServer.save``)."""
+    ``[unchanged, state, token]`` (``ParameterServer.save``)."""
     if kind not in ("base", "delta"):
         raise CheckpointError(
             f"expected a save of kind 'base' or 'delta', found {kind!r:.100}", path=str(dirname)

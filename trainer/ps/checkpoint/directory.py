@@ -12,19 +12,19 @@ A checkpoint is a directory::
 
 A base holds every row; a delta the rows changed since the save it follows
 (``after``: that save's ``state``, ``CheckpointState``) and the ids dropped
-since; loading a base then its deltas in order gives the tables exactly. Dense parameters are small:
-every checkpoint holds them all. Every ``.pt`` file holds only tensors, numbers,
-strings and lists/dicts of them: ``torch.load(path, weights_only=True)`` reads
-it. Checkpoints of format ``fleetfeed-ps/1`` (sparse rows in ``.pt`` files,
-before the Arrow files) are refused with a ``CheckpointError`` that says so.
-The directory is written under a temporary name and renamed into place once
-complete, so a reader never sees a half-written checkpoint; every file is
-synced to disk before the rename, and the rename after it, so a done file
-written later names a whole checkpoint even after a power loss. Shards are
-re-sharded on load: a checkpoint written by S servers loads into any number of
-servers, or into a local model. Every file names what it holds (row ids,
-parameter indices), so a loading process keeps what it owns by
-``trainer.ps.placement``, whatever the placement at save time.
+since; loading a base then its deltas in order gives the tables exactly. Dense
+parameters are small: every checkpoint holds them all. Every ``.pt`` file holds
+only tensors, numbers, strings and lists/dicts of them: ``torch.load(path,
+weights_only=True)`` reads it. Checkpoints of format ``fleetfeed-ps/1`` (sparse
+rows in ``.pt`` files, before the Arrow files) are refused with a
+``CheckpointError`` that says so. The directory is written under a temporary
+name and renamed into place once complete, so a reader never sees a
+half-written checkpoint; every file is synced to disk before the rename, and
+the rename after it, so a done file written later names a whole checkpoint even
+after a power loss. Shards are re-sharded on load: a checkpoint written by S
+servers loads into any number of servers, or into a local model. Every file
+names what it holds (row ids, parameter indices), so a loading process keeps
+what it owns by ``trainer.ps.placement``, whatever the placement at save time.
 Optimizer state moves with what it belongs to: a row's with the row; a dense
 parameter's (Adagrad's sums, Adam's moments) with the parameter
 (``dense_optimizer_state``), the hyper-parameters from the lowest shard.
