@@ -52,6 +52,7 @@ __all__ = [
     "missing_files",
     "open_bytes",
     "open_input",
+    "read_replaced",
     "stat",
     "sync_directory",
     "sync_to_disk",
@@ -357,33 +358,88 @@ def sync_directory(directory: str) -> None:
 
 def write_stream_atomically(path: str, write: Callable[[Any], object]) -> None:
     """Writes ``path``, local or a URI, whole or not at all: ``write`` gets a
-    binary output stream to a hidden temporary file beside ``path``, which is
-    renamed over ``path`` once ``write`` returns (locally through
-    ``write_atomically``; elsewhere the filesystem's move, a rename on HDFS).
+    binary output stream to a hidden temporary file beside ``path``.
+
+    A local file (or ``file://``) is renamed over ``path`` (``write_atomically``).
+    Elsewhere a filesystem's move over an existing file is not always one step:
+    pyarrow's HDFS move deletes ``path`` and then renames, so a crash in between
+    would leave neither file. So a replacement goes through a successor,
+    ``.<name>.next`` beside ``path``, renamed only once complete: a crash leaves
+    ``path`` (the old content) or the successor (the new), which
+    ``read_replaced`` then reads and the next write puts in place. One process
+    writes ``path`` at a time.
 
     Raises:
-        OSError: the write or the rename failed.
+        OSError: the write or a rename failed.
         Exception: whatever ``write`` raised, unchanged.
-        On any failure the temporary file is removed and ``path`` is left as it was.
+        On any failure the temporary file is removed and ``path`` reads as it did.
     """
-    if not is_uri(path):
+    filesystem, target = resolve(path) if is_uri(path) else (None, path)
+    if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
         def to_file(temporary: str) -> None:
             with open(temporary, "xb") as out:
                 write(out)
 
-        write_atomically(path, to_file)
+        write_atomically(target, to_file)
         return
-    filesystem, target = resolve(path)
+    successor = _successor(target)
+    _finish_replacement(filesystem, target, successor)
     folder, slash, name = target.rpartition("/")
     temporary = f"{folder}{slash}.{name}.{uuid.uuid4().hex}.tmp"
     try:
         with filesystem.open_output_stream(temporary, compression=None) as out:
             write(out)
-        filesystem.move(temporary, target)
+        if not _is_file(filesystem, target):
+            filesystem.move(temporary, target)  # nothing to replace: one rename
+            return
+        if _is_file(filesystem, successor):  # left by a crash before the last move: stale
+            filesystem.delete_file(successor)
+        filesystem.move(temporary, successor)
     except BaseException:
         with contextlib.suppress(Exception):
             filesystem.delete_file(temporary)
         raise
+    filesystem.move(successor, target)
+
+
+def read_replaced(path: str) -> bytes | None:
+    """The content of ``path``, a file that ``write_stream_atomically``
+    replaces: its successor's when a crash interrupted a replacement; None
+    when there is neither."""
+    filesystem, target = resolve(path) if is_uri(path) else (None, path)
+    if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
+        candidates = [target]
+    else:
+        # The target again last: a replacement may complete between the first two reads.
+        candidates = [target, _successor(target), target]
+    for candidate in candidates:
+        try:
+            if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
+                with open(candidate, "rb") as local:
+                    return local.read()
+            with filesystem.open_input_stream(candidate, compression=None) as stream:
+                return stream.read()
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            if "not exist" not in str(error) and "NoSuchKey" not in str(error):
+                raise
+    return None
+
+
+def _successor(target: str) -> str:
+    folder, slash, name = target.rpartition("/")
+    return f"{folder}{slash}.{name}.next"
+
+
+def _is_file(filesystem: pafs.FileSystem, inner: str) -> bool:
+    return filesystem.get_file_info(inner).type == pafs.FileType.File
+
+
+def _finish_replacement(filesystem: pafs.FileSystem, target: str, successor: str) -> None:
+    """Puts in place a successor that a crash left without its target."""
+    if not _is_file(filesystem, target) and _is_file(filesystem, successor):
+        filesystem.move(successor, target)
 
 
 def hdfs_args(fs_name: str, fs_ugi: str = "") -> dict[str, Any]:

@@ -401,6 +401,103 @@ def test_a_stream_write_is_whole_or_leaves_the_older_file(tmp_path: Path, as_uri
     assert _names(tmp_path) == ["donefile.txt"]
 
 
+class _Crash(BaseException):
+    """The process died here (a BaseException: nothing catches it as an error)."""
+
+
+class _HdfsLikeMoves(pafs.FSSpecHandler):
+    """A local folder with HDFS's move over a file (pyarrow's HadoopFileSystem:
+    delete the target, then rename); ``crash`` stops a move over a file
+    ``"before"`` it deletes or ``"between"`` the delete and the rename."""
+
+    def __init__(self) -> None:
+        import fsspec
+
+        super().__init__(fsspec.filesystem("file"))
+        self.crash: str | None = None
+
+    def move(self, src: str, dest: str) -> None:
+        if self.fs.isfile(dest):
+            if self.crash == "before":
+                raise _Crash
+            self.fs.rm(dest)
+            if self.crash == "between":
+                raise _Crash
+        self.fs.mv(src, dest)
+
+
+@pytest.fixture
+def hdfs_like(monkeypatch: pytest.MonkeyPatch) -> _HdfsLikeMoves:
+    """hdfs:// paths resolved to this machine's files, moved as HDFS moves them."""
+    handler = _HdfsLikeMoves()
+    filesystem = pafs.PyFileSystem(handler)
+    real = fs.resolve
+
+    def resolve(path: str, filesystem_arg=None):
+        if path.startswith("hdfs://"):
+            return filesystem, path[len("hdfs://nn:9000"):]
+        return real(path, filesystem_arg)
+
+    monkeypatch.setattr(fs, "resolve", resolve)
+    return handler
+
+
+def test_a_replacement_cut_by_a_crash_on_hdfs_keeps_every_line(
+    tmp_path: Path, hdfs_like: _HdfsLikeMoves
+):
+    path = tmp_path / "donefile.txt"
+    uri = f"hdfs://nn:9000{path}"
+    fs.write_stream_atomically(uri, lambda out: out.write(b"pass 1\n"))
+    assert path.read_bytes() == b"pass 1\n" and _names(tmp_path) == ["donefile.txt"]
+    # Died between HDFS's delete and its rename: the new content waits complete.
+    hdfs_like.crash = "between"
+    with pytest.raises(_Crash):
+        fs.write_stream_atomically(uri, lambda out: out.write(b"pass 1\npass 2\n"))
+    assert _names(tmp_path) == [".donefile.txt.next"]
+    assert fs.read_replaced(uri) == b"pass 1\npass 2\n"
+    # The next write puts it in place first, then replaces it.
+    hdfs_like.crash = None
+    fs.write_stream_atomically(uri, lambda out: out.write(fs.read_replaced(uri) + b"pass 3\n"))
+    assert path.read_bytes() == b"pass 1\npass 2\npass 3\n"
+    assert _names(tmp_path) == ["donefile.txt"]
+    # Died before the delete: the old content reads; the stale successor goes.
+    hdfs_like.crash = "before"
+    with pytest.raises(_Crash):
+        fs.write_stream_atomically(uri, lambda out: out.write(b"never listed\n"))
+    assert fs.read_replaced(uri) == b"pass 1\npass 2\npass 3\n"
+    hdfs_like.crash = None
+    fs.write_stream_atomically(uri, lambda out: out.write(b"pass 4\n"))
+    assert path.read_bytes() == b"pass 4\n" and _names(tmp_path) == ["donefile.txt"]
+    # A writer that fails leaves the file as it was, and no temporary file.
+    def fails_midway(out) -> None:
+        out.write(b"half of")
+        raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        fs.write_stream_atomically(uri, fails_midway)
+    assert path.read_bytes() == b"pass 4\n" and _names(tmp_path) == ["donefile.txt"]
+    assert fs.read_replaced(f"hdfs://nn:9000{tmp_path}/absent.txt") is None
+
+
+def test_the_online_commit_log_survives_a_crash_inside_an_hdfs_replacement(
+    tmp_path: Path, hdfs_like: _HdfsLikeMoves
+):
+    from trainer.loop import online
+
+    output = f"hdfs://nn:9000{tmp_path}"
+    assert online.write_model_donefile(output, "20240501", 1, 7)
+    hdfs_like.crash = "between"
+    with pytest.raises(_Crash):
+        online.write_model_donefile(output, "20240501", 2, 7)
+    # Without the successor a restart would find no log and train from scratch.
+    assert online.last_saved_model(output) == (20240501, 2, f"{output}/20240501/2/", 7)
+    hdfs_like.crash = None
+    assert not online.write_model_donefile(output, "20240501", 2, 7)  # listed already
+    assert online.write_model_donefile(output, "20240501", 3, 7)
+    lines = (tmp_path / "donefile.txt").read_text().splitlines()
+    assert [line.split("\t")[3] for line in lines] == ["1", "2", "3"]
+
+
 def test_a_sync_that_fails_leaves_the_older_file_and_no_temporary_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

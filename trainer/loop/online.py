@@ -21,11 +21,13 @@ trainer calls:
 
 Unlike Paddle, a done file is replaced whole or not at all (a new file, then
 a rename: Paddle deletes the old one before uploading the new, so a crash
-between the two loses every line), a save already listed is never listed
-again (Paddle's xbox file also skips it; its model file compares day and pass
-as numbers, as here), and only the caller decides which worker writes: one
-process writes a done file at a time (``FleetUtil``: worker 0), since a
-writer reads the file, adds its line and replaces it.
+between the two loses every line; on HDFS, whose move also deletes first, the
+new file waits complete beside it: ``fs.write_stream_atomically``), a save
+already listed is never listed again (Paddle's xbox file also skips it; its
+model file compares day and pass as numbers, as here), and only the caller
+decides which worker writes: one process writes a done file at a time
+(``FleetUtil``: worker 0), since a writer reads the file, adds its line and
+replaces it.
 """
 
 from __future__ import annotations
@@ -163,10 +165,10 @@ def join(folder: str, name: str) -> str:
 def _read_lines(path: str) -> list[str]:
     from datafeed.source import fs
 
-    if not fs.exists(path):
+    content = fs.read_replaced(path)  # a replacement a crash cut short: the new lines
+    if content is None:
         return []
-    with fs.open_input(path) as stream:
-        return [line for line in stream.read().decode().split("\n") if line.strip()]
+    return [line for line in content.decode().split("\n") if line.strip()]
 
 
 def _replace(path: str, lines: list[str]) -> None:
