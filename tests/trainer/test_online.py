@@ -264,13 +264,14 @@ class LoadedDataset:
         pass
 
 
-def online_loop_calls(tmp_path: Path) -> list[tuple]:
+def online_loop_calls(tmp_path: Path, **schedule) -> list[tuple]:
     from trainer.loop.online_loop import OnlineLoop
 
     fleet = RecordingFleet()
     loop = OnlineLoop(
-        fleet, str(tmp_path / "data"), str(tmp_path / "out"), "20261127", hours="{0..1}",
+        fleet, str(tmp_path / "data"), str(tmp_path / "out"), "20261127",
         make_dataset=lambda files: LoadedDataset(files, fleet.calls), dump_fields=["prob"],
+        **{"hours": "{0..1}", **schedule},
     )
     loop.run(lambda dataset, step: fleet.calls.append(("train", step.pass_id)) or None)
     out = str(tmp_path / "out")
@@ -312,6 +313,32 @@ def test_the_online_loop_keeps_the_order_and_resumes_after_the_last_listed_pass(
         ("save_persistables", "OUT/20261127/base", "('mode', 0)"),
     ]
     assert [line.split("\t")[3] for line in donefile.read_text().splitlines()] == ["1", "2", "-1"]
+
+
+def test_a_restart_with_other_passes_is_refused_before_it_skips_a_slice(tmp_path: Path) -> None:
+    from trainer.job.errors import TrainerError
+
+    for hour in ("00", "01", "02", "03"):
+        folder = tmp_path / "data" / "20261127" / hour
+        folder.mkdir(parents=True)
+        (folder / "part-0").write_text("")
+        (folder / "to.hadoop.done").write_text("")
+    online_loop_calls(tmp_path, hours="{0..3}")  # four passes of an hour
+    donefile = tmp_path / "out" / "donefile.txt"
+    donefile.write_text(donefile.read_text().splitlines()[0] + "\n")  # died after pass 1
+    # Two hours a pass: "pass 2" would be hours 02-03, and hour 01 never trained.
+    with pytest.raises(TrainerError, match=(
+        r"resumes after day 20261127 pass 1 .*trained with 4 passes a day "
+        r"\(hours='\{0\.\.3\}', split_interval=60, split_per_pass=1, .*but this job has "
+        r"2 \(.*split_per_pass=2.*Relaunch with the recorded settings")):
+        online_loop_calls(tmp_path, hours="{0..3}", split_per_pass=2)
+    assert donefile.read_text().count("\n") == 1  # nothing trained, nothing listed
+    # The same passes go on from pass 2; an output that recorded none is recorded.
+    (tmp_path / "out" / "online_schedule.json").unlink()
+    calls = online_loop_calls(tmp_path, hours="{0..3}")
+    assert [c[1] for c in calls if c[0] == "train"] == ["2", "3", "4"]
+    assert json.loads((tmp_path / "out" / "online_schedule.json").read_text())["passes"] == [
+        ["00"], ["01"], ["02"], ["03"]]
 
 
 def test_the_online_loop_refuses_a_second_commit_log(tmp_path: Path, monkeypatch) -> None:

@@ -46,12 +46,17 @@ __all__ = [
     "join",
     "last_saved_model",
     "online_pass_interval",
+    "read_schedule",
     "wait_for_done_file",
     "write_model_donefile",
+    "write_schedule",
     "write_xbox_donefile",
 ]
 
 log = logging.getLogger(__name__)
+
+# The online loop's passes of a day, as its first start had them (write_schedule).
+SCHEDULE_FILE = "online_schedule.json"
 
 # How often a wait for a slice says it is still waiting (and why, when a look failed).
 WAIT_NOTE_SECONDS = 600.0
@@ -235,6 +240,18 @@ def write_xbox_donefile(
     entry["mpi_size"] = str(worker_num)
     _replace(path, [*lines, json.dumps(entry)])
     return True
+
+
+def write_schedule(output_path: str, schedule: dict[str, Any]) -> None:
+    """Records the online loop's passes of a day (``OnlineLoop``) in
+    ``output_path/online_schedule.json``, for a restart to check."""
+    _replace(output_path.rstrip("/") + "/" + SCHEDULE_FILE, [json.dumps(schedule)])
+
+
+def read_schedule(output_path: str) -> dict[str, Any] | None:
+    """What ``write_schedule`` recorded in ``output_path``; None: nothing."""
+    lines = _read_lines(output_path.rstrip("/") + "/" + SCHEDULE_FILE)
+    return json.loads(lines[0]) if lines else None
 
 
 def last_saved_model(

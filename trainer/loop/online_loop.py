@@ -9,7 +9,10 @@ dataset as a pass. The driver owns everything around them, in this order:
   commit log. A server starts from its last listed save, or fresh; a worker
   repairs the serving line of the last listed save (a job that died between
   the two done files), and a job with nothing listed writes a full save
-  (``<output>/start``), from which the first delta counts.
+  (``<output>/start``), from which the first delta counts. The day's passes
+  are recorded (``online_schedule.json``); a restart with other passes is
+  refused by every process before it serves or trains: its pass numbers
+  would name other slices.
 - **Each pass** not listed yet, in order: wait for its slices' done files;
   take the dataset preloaded during the previous pass, or load it; start
   preloading the next pass when its slices are complete; ``set_pass(day
@@ -96,6 +99,12 @@ class OnlineLoop:
         self.poll_interval, self.timeout = poll_interval, timeout
         passes = online.online_pass_interval(
             first_day, hours, split_interval, split_per_pass, is_data_hourly_placed)
+        # What a pass number means: a restart must mean the same (_check_schedule).
+        self.schedule = {
+            "passes": passes, "hours": str(hours), "split_interval": int(split_interval),
+            "split_per_pass": int(split_per_pass),
+            "is_data_hourly_placed": bool(is_data_hourly_placed),
+        }
         start = datetime.datetime.strptime(first_day, "%Y%m%d")
         self.steps: list[PassInfo] = []
         for number in range(1, days + 1):
@@ -131,6 +140,7 @@ class OnlineLoop:
                 "in an online job (its passes are its checkpoints)"
             )
         last_day, last_pass, last_path, key = online.last_saved_model(self.output)
+        recorded = self._check_schedule(last_day, last_pass)
         if fleet.is_server():
             fleet.init_server(last_path if last_day != -1 else None)
             fleet.run_server()
@@ -152,6 +162,8 @@ class OnlineLoop:
                 fleet.save_persistables(online.join(self.output, "start"))
             fleet.barrier_worker()
             key = int(time.time())
+        if first and (last_day == -1 or not recorded):
+            online.write_schedule(self.output, self.schedule)
         todo = [step for step in self.steps if step.order() > listed]
         preloaded = None
         trained_until = None
@@ -194,6 +206,32 @@ class OnlineLoop:
             self._publish(step, key)
             trained_until = ended
         fleet.stop_worker()
+
+    def _check_schedule(self, last_day: int, last_pass: int) -> bool:
+        """Refuses to resume with passes that are not those the listed ones were
+        (another ``split_interval``, ``split_per_pass``, ``hours``...): the pass
+        after the last listed one would not start where it ended, and slices
+        would be skipped or trained twice. Returns whether the output records
+        its schedule (one trained before fleetfeed recorded it does not)."""
+        recorded = online.read_schedule(self.output)
+        if last_day == -1 or recorded is None:
+            return recorded is not None
+        if recorded.get("passes") != self.schedule["passes"]:
+            def settings(schedule: dict) -> str:
+                return ", ".join(f"{name}={schedule.get(name)!r}" for name in (
+                    "hours", "split_interval", "split_per_pass", "is_data_hourly_placed"))
+
+            raise TrainerError(
+                f"the online loop resumes after day {last_day} pass {last_pass} "
+                f"({online.join(self.output, 'donefile.txt')}), trained with "
+                f"{len(recorded.get('passes', []))} passes a day ({settings(recorded)}, "
+                f"{online.join(self.output, online.SCHEDULE_FILE)}), but this job has "
+                f"{len(self.schedule['passes'])} ({settings(self.schedule)}): its next pass "
+                "would not start where the last listed one ended, so slices would be "
+                "skipped or trained twice. Relaunch with the recorded settings, or write "
+                "to a new output folder"
+            )
+        return True
 
     # -- the steps -------------------------------------------------------------------
 
