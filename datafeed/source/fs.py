@@ -43,6 +43,7 @@ __all__ = [
     "DownloadCommand",
     "as_filesystem",
     "exists",
+    "finish_replacement",
     "hdfs_args",
     "hdfs_filesystem",
     "is_gzip",
@@ -366,13 +367,14 @@ def write_stream_atomically(path: str, write: Callable[[Any], object]) -> None:
     would leave neither file. So a replacement goes through a successor,
     ``.<name>.next`` beside ``path``, renamed only once complete: a crash leaves
     ``path`` (the old content) or the successor (the new), which
-    ``read_replaced`` then reads and the next write puts in place. One process
-    writes ``path`` at a time.
+    ``read_replaced`` then reads and the next write (or ``finish_replacement``)
+    puts in place. One process writes ``path`` at a time.
 
     Raises:
         OSError: the write or a rename failed.
         Exception: whatever ``write`` raised, unchanged.
-        On any failure the temporary file is removed and ``path`` reads as it did.
+        On any failure the temporary file is removed; ``path`` reads as it did,
+        or, when the last move failed, possibly as the new content.
     """
     filesystem, target = resolve(path) if is_uri(path) else (None, path)
     if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
@@ -383,13 +385,13 @@ def write_stream_atomically(path: str, write: Callable[[Any], object]) -> None:
         write_atomically(target, to_file)
         return
     successor = _successor(target)
-    _finish_replacement(filesystem, target, successor)
+    replacing = _finish_replacement(filesystem, target, successor)
     folder, slash, name = target.rpartition("/")
     temporary = f"{folder}{slash}.{name}.{uuid.uuid4().hex}.tmp"
     try:
         with filesystem.open_output_stream(temporary, compression=None) as out:
             write(out)
-        if not _is_file(filesystem, target):
+        if not replacing:
             filesystem.move(temporary, target)  # nothing to replace: one rename
             return
         if _is_file(filesystem, successor):  # left by a crash before the last move: stale
@@ -400,6 +402,17 @@ def write_stream_atomically(path: str, write: Callable[[Any], object]) -> None:
             filesystem.delete_file(temporary)
         raise
     filesystem.move(successor, target)
+
+
+def finish_replacement(path: str) -> None:
+    """Puts in place the complete new content of ``path`` that a crash inside
+    ``write_stream_atomically`` left beside it, so that readers other than
+    ``read_replaced`` (a serving side, ``hdfs dfs -cat``) find the file. The
+    one writer of ``path`` calls it; nothing to do for a local file."""
+    if is_uri(path):
+        filesystem, target = resolve(path)
+        if not isinstance(filesystem, pafs.LocalFileSystem):
+            _finish_replacement(filesystem, target, _successor(target))
 
 
 def read_replaced(path: str) -> bytes | None:
@@ -436,10 +449,15 @@ def _is_file(filesystem: pafs.FileSystem, inner: str) -> bool:
     return filesystem.get_file_info(inner).type == pafs.FileType.File
 
 
-def _finish_replacement(filesystem: pafs.FileSystem, target: str, successor: str) -> None:
-    """Puts in place a successor that a crash left without its target."""
-    if not _is_file(filesystem, target) and _is_file(filesystem, successor):
-        filesystem.move(successor, target)
+def _finish_replacement(filesystem: pafs.FileSystem, target: str, successor: str) -> bool:
+    """Puts in place a successor that a crash left without its target; whether
+    ``target`` is now a file."""
+    if _is_file(filesystem, target):
+        return True
+    if not _is_file(filesystem, successor):
+        return False
+    filesystem.move(successor, target)
+    return True
 
 
 def hdfs_args(fs_name: str, fs_ugi: str = "") -> dict[str, Any]:

@@ -455,7 +455,13 @@ def test_a_replacement_cut_by_a_crash_on_hdfs_keeps_every_line(
         fs.write_stream_atomically(uri, lambda out: out.write(b"pass 1\npass 2\n"))
     assert _names(tmp_path) == [".donefile.txt.next"]
     assert fs.read_replaced(uri) == b"pass 1\npass 2\n"
-    # The next write puts it in place first, then replaces it.
+    hdfs_like.crash = None
+    fs.finish_replacement(uri)  # for readers that look for the file itself
+    assert path.read_bytes() == b"pass 1\npass 2\n" and _names(tmp_path) == ["donefile.txt"]
+    # The next write puts one in place first, then replaces it.
+    hdfs_like.crash = "between"
+    with pytest.raises(_Crash):
+        fs.write_stream_atomically(uri, lambda out: out.write(b"pass 1\npass 2\n"))
     hdfs_like.crash = None
     fs.write_stream_atomically(uri, lambda out: out.write(fs.read_replaced(uri) + b"pass 3\n"))
     assert path.read_bytes() == b"pass 1\npass 2\npass 3\n"
@@ -492,7 +498,9 @@ def test_the_online_commit_log_survives_a_crash_inside_an_hdfs_replacement(
     # Without the successor a restart would find no log and train from scratch.
     assert online.last_saved_model(output) == (20240501, 2, f"{output}/20240501/2/", 7)
     hdfs_like.crash = None
-    assert not online.write_model_donefile(output, "20240501", 2, 7)  # listed already
+    # Its writer, writing nothing (listed already), still puts it in place.
+    assert not online.write_model_donefile(output, "20240501", 2, 7)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["donefile.txt"]
     assert online.write_model_donefile(output, "20240501", 3, 7)
     lines = (tmp_path / "donefile.txt").read_text().splitlines()
     assert [line.split("\t")[3] for line in lines] == ["1", "2", "3"]

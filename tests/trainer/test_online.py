@@ -210,8 +210,9 @@ def test_a_long_wait_says_what_it_waits_for_and_why_a_look_failed(monkeypatch, c
 class RecordingFleet:
     """The fleet API as OnlineLoop calls it, one worker, recording each call."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: bool = False) -> None:
         self.calls: list[tuple] = []
+        self.server = server
         outer = self
 
         class Util:
@@ -237,7 +238,7 @@ class RecordingFleet:
         return self._current
 
     def __getattr__(self, name):
-        answers = {"is_server": False, "is_first_worker": True, "worker_num": 1}
+        answers = {"is_server": self.server, "is_first_worker": True, "worker_num": 1}
 
         def call(*args, **kwargs):
             self.calls.append((name, *args, *sorted(kwargs.items())))
@@ -264,12 +265,14 @@ class LoadedDataset:
         pass
 
 
-def online_loop_calls(tmp_path: Path, **schedule) -> list[tuple]:
+def online_loop_calls(
+    tmp_path: Path, first_day: str = "20261127", server: bool = False, **schedule
+) -> list[tuple]:
     from trainer.loop.online_loop import OnlineLoop
 
-    fleet = RecordingFleet()
+    fleet = RecordingFleet(server)
     loop = OnlineLoop(
-        fleet, str(tmp_path / "data"), str(tmp_path / "out"), "20261127",
+        fleet, str(tmp_path / "data"), str(tmp_path / "out"), first_day,
         make_dataset=lambda files: LoadedDataset(files, fleet.calls), dump_fields=["prob"],
         **{"hours": "{0..1}", **schedule},
     )
@@ -315,23 +318,29 @@ def test_the_online_loop_keeps_the_order_and_resumes_after_the_last_listed_pass(
     assert [line.split("\t")[3] for line in donefile.read_text().splitlines()] == ["1", "2", "-1"]
 
 
-def test_a_restart_with_other_passes_is_refused_before_it_skips_a_slice(tmp_path: Path) -> None:
-    from trainer.job.errors import TrainerError
-
-    for hour in ("00", "01", "02", "03"):
-        folder = tmp_path / "data" / "20261127" / hour
+def _slices(tmp_path: Path, day: str, hours: list[str]) -> None:
+    for hour in hours:
+        folder = tmp_path / "data" / day / hour
         folder.mkdir(parents=True)
         (folder / "part-0").write_text("")
         (folder / "to.hadoop.done").write_text("")
+
+
+def test_a_restart_with_other_passes_is_refused_before_it_skips_a_slice(tmp_path: Path) -> None:
+    from trainer.job.errors import TrainerError
+
+    _slices(tmp_path, "20261127", ["00", "01", "02", "03"])
     online_loop_calls(tmp_path, hours="{0..3}")  # four passes of an hour
     donefile = tmp_path / "out" / "donefile.txt"
     donefile.write_text(donefile.read_text().splitlines()[0] + "\n")  # died after pass 1
     # Two hours a pass: "pass 2" would be hours 02-03, and hour 01 never trained.
-    with pytest.raises(TrainerError, match=(
-        r"resumes after day 20261127 pass 1 .*trained with 4 passes a day "
-        r"\(hours='\{0\.\.3\}', split_interval=60, split_per_pass=1, .*but this job has "
-        r"2 \(.*split_per_pass=2.*Relaunch with the recorded settings")):
-        online_loop_calls(tmp_path, hours="{0..3}", split_per_pass=2)
+    refused = (
+        r"resumes day 20261127 after its pass 1 .*whose passes were hours='\{0\.\.3\}', "
+        r"split_interval=60, split_per_pass=1, .*\(4 a day, .*split_per_pass=2, .*"
+        r"\(2 a day\).*Relaunch with the recorded settings")
+    for server in (True, False):  # every process, before it serves or trains
+        with pytest.raises(TrainerError, match=refused):
+            calls = online_loop_calls(tmp_path, server=server, hours="{0..3}", split_per_pass=2)
     assert donefile.read_text().count("\n") == 1  # nothing trained, nothing listed
     # The same passes go on from pass 2; an output that recorded none is recorded.
     (tmp_path / "out" / "online_schedule.json").unlink()
@@ -339,6 +348,18 @@ def test_a_restart_with_other_passes_is_refused_before_it_skips_a_slice(tmp_path
     assert [c[1] for c in calls if c[0] == "train"] == ["2", "3", "4"]
     assert json.loads((tmp_path / "out" / "online_schedule.json").read_text())["passes"] == [
         ["00"], ["01"], ["02"], ["03"]]
+    # Once the day has ended, the next day may bring other passes, then recorded.
+    _slices(tmp_path, "20261128", ["00", "01", "02", "03"])
+    calls = online_loop_calls(tmp_path, "20261127", hours="{0..3}", split_per_pass=2, days=2)
+    assert [c[1] for c in calls if c[0] == "train"] == ["1", "2"]
+    assert [c[1] for c in calls if c[0] in ("load", "preload")] == ["['00', '01']", "['02', '03']"]
+    assert json.loads((tmp_path / "out" / "online_schedule.json").read_text())["passes"] == [
+        ["00", "01"], ["02", "03"]]
+    # A record that is not one is said to be so.
+    (tmp_path / "out" / "online_schedule.json").write_text("[1, 2]\n")
+    with pytest.raises(TrainerError, match=r"online_schedule.json is not the online loop's "
+                       r"record of its passes \(expected a JSON object, found list\)"):
+        online_loop_calls(tmp_path, hours="{0..3}")
 
 
 def test_the_online_loop_refuses_a_second_commit_log(tmp_path: Path, monkeypatch) -> None:

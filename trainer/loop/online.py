@@ -42,7 +42,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
+    "DONE_FILES",
     "DoneFileTimeout",
+    "finish_done_files",
     "join",
     "last_saved_model",
     "online_pass_interval",
@@ -54,6 +56,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# The done files the online loop writes (FleetUtil's default names).
+DONE_FILES = ("donefile.txt", "xbox_base_done.txt", "xbox_patch_done.txt")
 
 # The online loop's passes of a day, as its first start had them (write_schedule).
 SCHEDULE_FILE = "online_schedule.json"
@@ -176,6 +181,25 @@ def _read_lines(path: str) -> list[str]:
     return [line for line in content.decode().split("\n") if line.strip()]
 
 
+def _lines_to_update(path: str) -> list[str]:
+    """``_read_lines`` for the one writer of ``path``, which first puts in place
+    what a crash inside its last replacement left beside it."""
+    from datafeed.source import fs
+
+    fs.finish_replacement(path)
+    return _read_lines(path)
+
+
+def finish_done_files(output_path: str) -> None:
+    """Puts in place each done file of ``output_path`` that a crash inside its
+    replacement left beside it (``fs.finish_replacement``), for readers that
+    look for the file itself; its writer calls it."""
+    from datafeed.source import fs
+
+    for name in DONE_FILES:
+        fs.finish_replacement(output_path.rstrip("/") + "/" + name)
+
+
 def _replace(path: str, lines: list[str]) -> None:
     """Writes ``lines`` as the file ``path``, whole or not at all."""
     from datafeed.source import fs
@@ -193,7 +217,7 @@ def write_model_donefile(
     day, pass_id, key = str(day), str(pass_id), int(xbox_base_key)
     model_path = output_path.rstrip("/") + f"/{day}/{pass_id if pass_id != '-1' else 0}/"
     path = output_path.rstrip("/") + "/" + donefile_name
-    lines = _read_lines(path)
+    lines = _lines_to_update(path)
     for line in lines:
         fields = line.split("\t")
         if len(fields) >= 4 and int(fields[0]) == int(day) and int(fields[3]) == int(pass_id):
@@ -217,7 +241,7 @@ def write_xbox_donefile(
     model_path = output_path.rstrip("/") + (f"/{day}/base/" if base else f"/{day}/delta-{pass_id}/")
     name = donefile_name or ("xbox_base_done.txt" if base else "xbox_patch_done.txt")
     path = output_path.rstrip("/") + "/" + name
-    lines = _read_lines(path)
+    lines = _lines_to_update(path)
     if lines:
         last = json.loads(lines[-1])["input"].split("/")
         last_day, last_pass = int(last[-3]), int(last[-2].split("-")[-1] if not base else -1)
@@ -251,7 +275,12 @@ def write_schedule(output_path: str, schedule: dict[str, Any]) -> None:
 def read_schedule(output_path: str) -> dict[str, Any] | None:
     """What ``write_schedule`` recorded in ``output_path``; None: nothing."""
     lines = _read_lines(output_path.rstrip("/") + "/" + SCHEDULE_FILE)
-    return json.loads(lines[0]) if lines else None
+    if not lines:
+        return None
+    schedule = json.loads(lines[0])  # a ValueError when it is not JSON
+    if not isinstance(schedule, dict):
+        raise TypeError(f"expected a JSON object, found {type(schedule).__name__}")
+    return schedule
 
 
 def last_saved_model(

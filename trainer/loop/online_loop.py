@@ -10,9 +10,9 @@ dataset as a pass. The driver owns everything around them, in this order:
   repairs the serving line of the last listed save (a job that died between
   the two done files), and a job with nothing listed writes a full save
   (``<output>/start``), from which the first delta counts. The day's passes
-  are recorded (``online_schedule.json``); a restart with other passes is
-  refused by every process before it serves or trains: its pass numbers
-  would name other slices.
+  are recorded (``online_schedule.json``); a restart in the middle of a day
+  with other passes is refused by every process before it serves or trains:
+  its pass numbers would name other slices. A new day may bring new passes.
 - **Each pass** not listed yet, in order: wait for its slices' done files;
   take the dataset preloaded during the previous pass, or load it; start
   preloading the next pass when its slices are complete; ``set_pass(day
@@ -140,7 +140,7 @@ class OnlineLoop:
                 "in an online job (its passes are its checkpoints)"
             )
         last_day, last_pass, last_path, key = online.last_saved_model(self.output)
-        recorded = self._check_schedule(last_day, last_pass)
+        same_schedule = self._check_schedule(last_day, last_pass)  # every process refuses
         if fleet.is_server():
             fleet.init_server(last_path if last_day != -1 else None)
             fleet.run_server()
@@ -153,16 +153,21 @@ class OnlineLoop:
             if first:
                 print(f"online loop: resuming after day {last_day} pass {last_pass}", flush=True)
             done = next((s for s in self.steps if s.order() == listed), None)
-            self._on_worker_0(lambda: online.write_xbox_donefile(
-                self.output, last_day, last_pass, key,
-                self._inputs(done) if done is not None else self.data,
-                worker_num=fleet.worker_num()))
+
+            def repair() -> None:
+                online.finish_done_files(self.output)  # a crash inside a replacement
+                online.write_xbox_donefile(
+                    self.output, last_day, last_pass, key,
+                    self._inputs(done) if done is not None else self.data,
+                    worker_num=fleet.worker_num())
+
+            self._on_worker_0(repair)
         else:
             if first:
                 fleet.save_persistables(online.join(self.output, "start"))
             fleet.barrier_worker()
             key = int(time.time())
-        if first and (last_day == -1 or not recorded):
+        if first and not same_schedule:
             online.write_schedule(self.output, self.schedule)
         todo = [step for step in self.steps if step.order() > listed]
         preloaded = None
@@ -208,30 +213,40 @@ class OnlineLoop:
         fleet.stop_worker()
 
     def _check_schedule(self, last_day: int, last_pass: int) -> bool:
-        """Refuses to resume with passes that are not those the listed ones were
-        (another ``split_interval``, ``split_per_pass``, ``hours``...): the pass
-        after the last listed one would not start where it ended, and slices
-        would be skipped or trained twice. Returns whether the output records
-        its schedule (one trained before fleetfeed recorded it does not)."""
-        recorded = online.read_schedule(self.output)
-        if last_day == -1 or recorded is None:
-            return recorded is not None
-        if recorded.get("passes") != self.schedule["passes"]:
+        """Refuses to finish a day begun with other passes (another
+        ``split_interval``, ``split_per_pass``, ``hours``...): the pass after the
+        last listed one would not start where it ended, and slices would be
+        skipped or trained twice. A day that ended, or one this job does not
+        train, may go on with new passes. Returns whether the output's record
+        is this job's schedule (else worker 0 records it)."""
+        path = online.join(self.output, online.SCHEDULE_FILE)
+        try:
+            recorded = online.read_schedule(self.output)
+        except (ValueError, TypeError) as error:
+            raise TrainerError(
+                f"{path} is not the online loop's record of its passes ({error}): "
+                "restore it, or remove it if the passes have not changed since the "
+                "last listed one"
+            ) from None
+        same = recorded is not None and recorded.get("passes") == self.schedule["passes"]
+        mid_day = last_day != -1 and last_pass != DAY_END and any(
+            step.day == str(last_day) for step in self.steps)
+        if recorded is not None and not same and mid_day:
             def settings(schedule: dict) -> str:
                 return ", ".join(f"{name}={schedule.get(name)!r}" for name in (
                     "hours", "split_interval", "split_per_pass", "is_data_hourly_placed"))
 
             raise TrainerError(
-                f"the online loop resumes after day {last_day} pass {last_pass} "
-                f"({online.join(self.output, 'donefile.txt')}), trained with "
-                f"{len(recorded.get('passes', []))} passes a day ({settings(recorded)}, "
-                f"{online.join(self.output, online.SCHEDULE_FILE)}), but this job has "
-                f"{len(self.schedule['passes'])} ({settings(self.schedule)}): its next pass "
+                f"the online loop resumes day {last_day} after its pass {last_pass} "
+                f"({online.join(self.output, 'donefile.txt')}), whose passes were "
+                f"{settings(recorded)} ({len(recorded.get('passes', []))} a day, recorded "
+                f"in {path}); this job's settings, {settings(self.schedule)}, give "
+                f"other passes ({len(self.schedule['passes'])} a day): its next pass "
                 "would not start where the last listed one ended, so slices would be "
-                "skipped or trained twice. Relaunch with the recorded settings, or write "
-                "to a new output folder"
+                "skipped or trained twice. Relaunch with the recorded settings (a new "
+                "schedule may start with the next day), or write to a new output folder"
             )
-        return True
+        return same
 
     # -- the steps -------------------------------------------------------------------
 
