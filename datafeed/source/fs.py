@@ -376,8 +376,8 @@ def write_stream_atomically(path: str, write: Callable[[Any], object]) -> None:
         On any failure the temporary file is removed; ``path`` reads as it did,
         or, when the last move failed, possibly as the new content.
     """
-    filesystem, target = resolve(path) if is_uri(path) else (None, path)
-    if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
+    filesystem, target = _where_replaced(path)
+    if filesystem is None:
         def to_file(temporary: str) -> None:
             with open(temporary, "xb") as out:
                 write(out)
@@ -409,27 +409,25 @@ def finish_replacement(path: str) -> None:
     ``write_stream_atomically`` left beside it, so that readers other than
     ``read_replaced`` (a serving side, ``hdfs dfs -cat``) find the file. The
     one writer of ``path`` calls it; nothing to do for a local file."""
-    if is_uri(path):
-        filesystem, target = resolve(path)
-        if not isinstance(filesystem, pafs.LocalFileSystem):
-            _finish_replacement(filesystem, target, _successor(target))
+    filesystem, target = _where_replaced(path)
+    if filesystem is not None:
+        _finish_replacement(filesystem, target, _successor(target))
 
 
 def read_replaced(path: str) -> bytes | None:
     """The content of ``path``, a file that ``write_stream_atomically``
     replaces: its successor's when a crash interrupted a replacement; None
     when there is neither."""
-    filesystem, target = resolve(path) if is_uri(path) else (None, path)
-    if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
-        candidates = [target]
-    else:
-        # The target again last: a replacement may complete between the first two reads.
-        candidates = [target, _successor(target), target]
-    for candidate in candidates:
+    filesystem, target = _where_replaced(path)
+    if filesystem is None:
         try:
-            if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
-                with open(candidate, "rb") as local:
-                    return local.read()
+            with open(target, "rb") as local:
+                return local.read()
+        except FileNotFoundError:
+            return None
+    # The target again last: a replacement may complete between the first two reads.
+    for candidate in (target, _successor(target), target):
+        try:
             with filesystem.open_input_stream(candidate, compression=None) as stream:
                 return stream.read()
         except FileNotFoundError:
@@ -438,6 +436,15 @@ def read_replaced(path: str) -> bytes | None:
             if "not exist" not in str(error) and "NoSuchKey" not in str(error):
                 raise
     return None
+
+
+def _where_replaced(path: str) -> tuple[pafs.FileSystem | None, str]:
+    """The filesystem of ``path`` and the path inside it; None for this
+    machine's files, which one rename replaces."""
+    if not is_uri(path):
+        return None, path
+    filesystem, target = resolve(path)
+    return (None if isinstance(filesystem, pafs.LocalFileSystem) else filesystem), target
 
 
 def _successor(target: str) -> str:
