@@ -295,6 +295,7 @@ def check(job: Job, source: Path, schedule: Schedule) -> list[str]:
              (out / "xbox_base_done.txt").read_text().splitlines()]
     if bases != [f"out/{day}/base/000" for day in schedule.day_names()]:
         problems.append(f"xbox_base_done.txt lists {bases}")
+    problems += _key_problems(out)
     for day, p in schedule.saves():
         names = ["0", "base"] if p == -1 else [str(p), f"delta-{p}"]
         problems += [f"{day}/{n} has no meta.json" for n in names
@@ -308,6 +309,27 @@ def check(job: Job, source: Path, schedule: Schedule) -> list[str]:
             problems.append(f"day {day} pass {pass_id}: dumps hold {sum(dumped.values())} "
                             f"lines for {sum(expected.values())} records ({twice} twice, "
                             f"{len(expected - dumped)} missing)")
+    return problems
+
+
+def _key_problems(out: Path) -> list[str]:
+    """Each base under a key above the last, each pass under the key of the
+    base before it, and the serving lines under the keys of donefile.txt."""
+    problems = []
+    listed = [line.split("\t") for line in (out / "donefile.txt").read_text().splitlines()]
+    current = int(listed[0][1]) if listed else 0
+    for day, key, _, pass_id, *_ in listed:
+        if int(pass_id) == -1 and int(key) <= current:
+            problems.append(f"the base of day {day} has key {key}, not above {current}")
+        elif int(pass_id) != -1 and int(key) != current:
+            problems.append(f"day {day} pass {pass_id} has key {key}, not its base's {current}")
+        current = int(key)
+    served = [json.loads(line)["key"] for name in ("xbox_base_done.txt", "xbox_patch_done.txt")
+              for line in (out / name).read_text().splitlines()]
+    donefile_keys = sorted(key for _, key, *_ in listed)
+    if sorted(served) != donefile_keys:
+        problems.append(f"the serving lines' keys {sorted(served)} are not donefile.txt's "
+                        f"{donefile_keys}")
     return problems
 
 

@@ -371,3 +371,35 @@ def test_the_online_loop_refuses_a_second_commit_log(tmp_path: Path, monkeypatch
                       make_dataset=list)
     with pytest.raises(TrainerError, match=r"do not save with dataset= in an online job"):
         loop.run(lambda dataset, step: None)
+
+
+def test_each_base_has_its_own_key_and_the_next_days_deltas_carry_it(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+
+    def keys(name: str) -> list[tuple[str, str]]:  # (the save's folder, its key)
+        lines = (out / name).read_text().splitlines()
+        return [("/".join(json.loads(line)["input"].split("/")[-3:-1]),
+                 json.loads(line)["key"]) for line in lines]
+
+    for day in ("20261127", "20261128", "20261129"):
+        _slices(tmp_path, day, ["00", "01"])
+    online_loop_calls(tmp_path, days=2)
+    bases, deltas = keys("xbox_base_done.txt"), keys("xbox_patch_done.txt")
+    assert [folder for folder, _ in bases] == ["20261127/base", "20261128/base"]
+    first, second = (int(key) for _, key in bases)
+    assert second > first  # a serving side that keys its bases loads both
+    started = int((out / "donefile.txt").read_text().split("\t")[1])
+    assert first > started
+    assert deltas == [("20261127/delta-1", str(started)), ("20261127/delta-2", str(started)),
+                      ("20261128/delta-1", str(first)), ("20261128/delta-2", str(first))]
+    assert [json.loads(line)["id"] for line in
+            (out / "xbox_base_done.txt").read_text().splitlines()] == [str(first), str(second)]
+    donefile = [line.split("\t") for line in (out / "donefile.txt").read_text().splitlines()]
+    assert [(d[0], d[3], int(d[1])) for d in donefile] == [
+        ("20261127", "1", started), ("20261127", "2", started), ("20261127", "-1", first),
+        ("20261128", "1", first), ("20261128", "2", first), ("20261128", "-1", second)]
+    # A restart after a day's end: the next day's deltas carry that base's key.
+    online_loop_calls(tmp_path, days=3)
+    assert keys("xbox_patch_done.txt")[-2:] == [
+        ("20261129/delta-1", str(second)), ("20261129/delta-2", str(second))]
+    assert int(keys("xbox_base_done.txt")[-1][1]) > second

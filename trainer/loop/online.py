@@ -18,6 +18,9 @@ trainer calls:
   ``xbox_base_done.txt`` (pass -1, a base, ``<day>/base/``), with Paddle's
   keys (``id``, ``key``, ``input``, ``record_count``, ...).
 - ``last_saved_model``: the last line of ``donefile.txt``, for a restart.
+- ``next_base_key``: the key of a new base. A delta carries the key of the base
+  it applies to, so each base takes a new one (PaddleRec: ``int(time.time())``
+  at each base save).
 
 Unlike Paddle, a done file is replaced whole or not at all (a new file, then
 a rename: Paddle deletes the old one before uploading the new, so a crash
@@ -47,6 +50,7 @@ __all__ = [
     "finish_done_files",
     "join",
     "last_saved_model",
+    "next_base_key",
     "online_pass_interval",
     "read_schedule",
     "wait_for_done_file",
@@ -264,6 +268,13 @@ def write_xbox_donefile(
     entry["mpi_size"] = str(worker_num)
     _replace(path, [*lines, json.dumps(entry)])
     return True
+
+
+def next_base_key(previous: int) -> int:
+    """The ``xbox_base_key`` of a new base: the time in seconds, as PaddleRec
+    takes it for each base, and above ``previous`` (the key the last deltas
+    carried) when the clock has not moved past it."""
+    return max(int(time.time()), int(previous) + 1)
 
 
 def write_schedule(output_path: str, schedule: dict[str, Any]) -> None:

@@ -21,7 +21,8 @@ dataset as a pass. The driver owns everything around them, in this order:
   checkpoint (``<day>/<pass>``); barrier; list the checkpoint in
   ``donefile.txt``, then the delta in ``xbox_patch_done.txt``.
 - **Each day's end:** worker 0 shrinks the tables once and saves the day's
-  model (``<day>/0``) and base (``<day>/base``); barrier; both are listed.
+  model (``<day>/0``) and base (``<day>/base``); barrier; both are listed
+  under a new ``xbox_base_key``, which the next day's deltas carry.
 
 A pass that is not listed when a process dies is trained again, whole, from
 the last listed save (``fleetrun --max_restarts`` restarts the job; nothing
@@ -174,6 +175,9 @@ class OnlineLoop:
         trained_until = None
         for index, step in enumerate(todo):
             if step.pass_id == DAY_END:
+                # A base of its own key: the serving side tells bases apart by
+                # it, and the next day's deltas name the base they apply to.
+                key = online.next_base_key(key)
                 self._end_day(step, key)
                 continue
             dataset, was_preloaded = self._dataset(step, preloaded)
