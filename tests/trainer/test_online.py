@@ -403,3 +403,29 @@ def test_each_base_has_its_own_key_and_the_next_days_deltas_carry_it(tmp_path: P
     assert keys("xbox_patch_done.txt")[-2:] == [
         ("20261129/delta-1", str(second)), ("20261129/delta-2", str(second))]
     assert int(keys("xbox_base_done.txt")[-1][1]) > second
+
+
+def test_a_relaunch_with_a_later_first_day_goes_on_counting_the_days(tmp_path: Path) -> None:
+    for day in ("20261127", "20261128", "20261130"):
+        _slices(tmp_path, day, ["00", "01"])
+
+    def passes_set(calls: list[tuple]) -> list[str]:
+        return [call[1] for call in calls if call[0] == "set_pass"]
+
+    assert passes_set(online_loop_calls(tmp_path, days=2)) == ["1", "1", "2", "2"]
+    record = tmp_path / "out" / "online_schedule.json"
+    assert json.loads(record.read_text())["first_day"] == "20261127"
+    # Relaunched two days on: the tables' pass goes forward (the 29th unseen).
+    assert passes_set(online_loop_calls(tmp_path, "20261130")) == ["4", "4"]
+    assert json.loads(record.read_text())["first_day"] == "20261127"
+    # An output recorded before the first day was: its first listed save's day.
+    record.write_text(json.dumps({
+        k: v for k, v in json.loads(record.read_text()).items() if k != "first_day"}))
+    (tmp_path / "out" / "donefile.txt").write_text("".join(
+        line + "\n" for line in (tmp_path / "out" / "donefile.txt").read_text().splitlines()
+        if not line.startswith("20261130")))
+    assert passes_set(online_loop_calls(tmp_path, "20261130")) == ["4", "4"]
+    assert json.loads(record.read_text())["first_day"] == "20261127"
+    # A fresh output counts from its own first day.
+    _slices(tmp_path / "other", "20261130", ["00", "01"])
+    assert passes_set(online_loop_calls(tmp_path / "other", "20261130")) == ["1", "1"]

@@ -48,6 +48,7 @@ __all__ = [
     "DONE_FILES",
     "DoneFileTimeout",
     "finish_done_files",
+    "first_saved_day",
     "join",
     "last_saved_model",
     "next_base_key",
@@ -292,6 +293,12 @@ def read_schedule(output_path: str) -> dict[str, Any] | None:
     if not isinstance(schedule, dict):
         raise TypeError(f"expected a JSON object, found {type(schedule).__name__}")
     return schedule
+
+
+def first_saved_day(output_path: str, donefile_name: str = "donefile.txt") -> int:
+    """The day of the first save that ``donefile_name`` lists; -1 when none."""
+    lines = _read_lines(output_path.rstrip("/") + "/" + donefile_name)
+    return int(lines[0].split("\t")[0]) if lines else -1
 
 
 def last_saved_model(

@@ -10,9 +10,10 @@ dataset as a pass. The driver owns everything around them, in this order:
   repairs the serving line of the last listed save (a job that died between
   the two done files), and a job with nothing listed writes a full save
   (``<output>/start``), from which the first delta counts. The day's passes
-  are recorded (``online_schedule.json``); a restart in the middle of a day
-  with other passes is refused by every process before it serves or trains:
-  its pass numbers would name other slices. A new day may bring new passes.
+  are recorded (``online_schedule.json``) with the output's first day, from
+  which days are numbered; a restart in the middle of a day with other passes
+  is refused by every process before it serves or trains: its pass numbers
+  would name other slices. A new day may bring new passes.
 - **Each pass** not listed yet, in order: wait for its slices' done files;
   take the dataset preloaded during the previous pass, or load it; start
   preloading the next pass when its slices are complete; ``set_pass(day
@@ -58,7 +59,9 @@ class PassInfo:
     folders) or the day's end (``pass_id == DAY_END``)."""
 
     day: str
-    day_number: int  # 1 for the first day: the tables' pass, so rules count days unseen
+    # The tables' pass, so that rules count days unseen: 1 for the output's
+    # first day, then one more each calendar day (``OnlineLoop._number_days``).
+    day_number: int
     pass_id: int
     folders: tuple[str, ...] = ()
 
@@ -100,11 +103,13 @@ class OnlineLoop:
         self.poll_interval, self.timeout = poll_interval, timeout
         passes = online.online_pass_interval(
             first_day, hours, split_interval, split_per_pass, is_data_hourly_placed)
-        # What a pass number means: a restart must mean the same (_check_schedule).
+        # What a pass number means: a restart must mean the same (_check_schedule);
+        # and since which day the days are numbered (_number_days).
         self.schedule = {
             "passes": passes, "hours": str(hours), "split_interval": int(split_interval),
             "split_per_pass": int(split_per_pass),
             "is_data_hourly_placed": bool(is_data_hourly_placed),
+            "first_day": first_day,
         }
         start = datetime.datetime.strptime(first_day, "%Y%m%d")
         self.steps: list[PassInfo] = []
@@ -141,7 +146,9 @@ class OnlineLoop:
                 "in an online job (its passes are its checkpoints)"
             )
         last_day, last_pass, last_path, key = online.last_saved_model(self.output)
-        same_schedule = self._check_schedule(last_day, last_pass)  # every process refuses
+        recorded = self._recorded_schedule()
+        self._check_schedule(recorded, last_day, last_pass)  # every process refuses
+        self._number_days(recorded, saved=last_day != -1)
         if fleet.is_server():
             fleet.init_server(last_path if last_day != -1 else None)
             fleet.run_server()
@@ -168,7 +175,7 @@ class OnlineLoop:
                 fleet.save_persistables(online.join(self.output, "start"))
             fleet.barrier_worker()
             key = int(time.time())
-        if first and not same_schedule:
+        if first and recorded != self.schedule:
             online.write_schedule(self.output, self.schedule)
         todo = [step for step in self.steps if step.order() > listed]
         preloaded = None
@@ -216,22 +223,26 @@ class OnlineLoop:
             trained_until = ended
         fleet.stop_worker()
 
-    def _check_schedule(self, last_day: int, last_pass: int) -> bool:
+    def _recorded_schedule(self) -> dict[str, Any] | None:
+        """The output's record of its passes and first day; None: none yet."""
+        try:
+            return online.read_schedule(self.output)
+        except (ValueError, TypeError) as error:
+            raise TrainerError(
+                f"{online.join(self.output, online.SCHEDULE_FILE)} is not the online "
+                f"loop's record of its passes ({error}): restore it, or remove it if the "
+                "passes have not changed since the last listed one"
+            ) from None
+
+    def _check_schedule(
+        self, recorded: dict[str, Any] | None, last_day: int, last_pass: int
+    ) -> None:
         """Refuses to finish a day begun with other passes (another
         ``split_interval``, ``split_per_pass``, ``hours``...): the pass after the
         last listed one would not start where it ended, and slices would be
         skipped or trained twice. A day that ended, or one this job does not
-        train, may go on with new passes. Returns whether the output's record
-        is this job's schedule (else worker 0 records it)."""
+        train, may go on with new passes."""
         path = online.join(self.output, online.SCHEDULE_FILE)
-        try:
-            recorded = online.read_schedule(self.output)
-        except (ValueError, TypeError) as error:
-            raise TrainerError(
-                f"{path} is not the online loop's record of its passes ({error}): "
-                "restore it, or remove it if the passes have not changed since the "
-                "last listed one"
-            ) from None
         same = recorded is not None and recorded.get("passes") == self.schedule["passes"]
         mid_day = last_day != -1 and last_pass != DAY_END and any(
             step.day == str(last_day) for step in self.steps)
@@ -250,7 +261,31 @@ class OnlineLoop:
                 "skipped or trained twice. Relaunch with the recorded settings (a new "
                 "schedule may start with the next day), or write to a new output folder"
             )
-        return same
+
+    def _number_days(self, recorded: dict[str, Any] | None, saved: bool) -> None:
+        """Numbers the days from the output's first day, so that a relaunch with
+        a later ``first_day`` goes on counting (the tables' pass only goes
+        forward, and the days between count as unseen). The first day is the
+        one ``recorded``, or for an output trained before the record the day of
+        its first listed save; an output with nothing ``saved`` starts at this
+        job's ``first_day``."""
+        origin, source = self.schedule["first_day"], "first_day"
+        if saved and (recorded or {}).get("first_day") is not None:
+            origin, source = recorded["first_day"], online.join(self.output, online.SCHEDULE_FILE)
+        elif saved:
+            origin = str(online.first_saved_day(self.output))
+            source = online.join(self.output, "donefile.txt") + "'s first line"
+        try:
+            start = datetime.datetime.strptime(str(origin), "%Y%m%d")
+        except ValueError:
+            raise TrainerError(
+                f"expected the online loop's first day as YYYYMMDD, found {origin!r:.40} "
+                f"in {source}: restore it"
+            ) from None
+        self.schedule["first_day"] = origin
+        self.steps = [dataclasses.replace(step, day_number=(
+            datetime.datetime.strptime(step.day, "%Y%m%d") - start).days + 1)
+            for step in self.steps]
 
     # -- the steps -------------------------------------------------------------------
 
