@@ -124,6 +124,54 @@ def test_a_base_and_three_deltas_reload_to_the_same_table(tmp_path):
     assert set(contents(readers)) != set(expected)
 
 
+def test_an_id_dropped_twice_between_saves_leaves_a_delta_that_loads(tmp_path):
+    accessor = CtrAccessorParam(delete_after_unseen_days=0)
+    writer = SparseTable(NAME, DIM, ADAGRAD, seed=3, accessor=accessor)
+    ids = as_u64(np.arange(1, 11))
+    writer.pull(ids)
+    base = save([writer], tmp_path / "base", "base", None)
+    for day in (1, 2):  # id 5 unseen: dropped, pulled again, dropped again
+        writer.set_pass(day)
+        writer.pull(ids[ids != 5])
+        assert writer.shrink()[0] == 1
+        writer.pull(ids[ids == 5])
+    writer.set_pass(3)
+    writer.pull(ids[ids != 5])
+    writer.shrink()
+    assert sorted(writer.dropped_ids().tolist()) == [5, 5, 5]
+    save([writer], tmp_path / "delta", "delta", base)
+    listed = pa.ipc.open_file(table_files.dropped_file(str(tmp_path / "delta"), NAME, 0))
+    assert listed.read_all().column(0).to_pylist() == [5]  # once
+    reader = SparseTable(NAME, DIM, ADAGRAD, seed=3, accessor=accessor)
+    for part in ("base", "delta"):
+        load([reader], tmp_path / part)
+    assert contents([reader]) == contents([writer]) and 5 not in contents([reader])
+
+    class OlderWriter:  # listed an id each time it was dropped
+        def __init__(self, table):
+            self.table = table
+
+        def __getattr__(self, name):
+            return getattr(self.table, name)
+
+        def export_rows(self, *args, **kwargs):
+            dropped, unchanged = self.table.export_rows(*args, **kwargs)
+            return np.concatenate([dropped, dropped]), unchanged
+
+    writer.pull(ids[ids == 5])
+    writer.set_pass(4)
+    writer.pull(ids[ids != 5])
+    writer.shrink()
+    staging = checkpoint.staging_dir(str(tmp_path / "older"))
+    table_files.write_shard(OlderWriter(writer), staging, 0, delta=True)
+    checkpoint.commit(staging, str(tmp_path / "older"), {
+        "format": checkpoint.FORMAT, "kind": "delta", "save_id": uuid.uuid4().hex,
+        "after": None, "server_num": 1, "mode": "async", "tables": {NAME: {"dim": DIM}},
+        "dense": []})
+    load([reader], tmp_path / "older")
+    assert contents([reader]) == contents([writer]) and 5 not in contents([reader])
+
+
 class _Unsaveable:
     """A value torch.save cannot pickle: the save fails after its file was begun."""
 

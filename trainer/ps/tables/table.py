@@ -596,7 +596,9 @@ class SparseTable:
                 columns["click"] = stats.click[part]
                 columns["last_seen_pass"] = current - stats.clock.unseen_passes(stats.last[part])
                 write(columns)
-            dropped = np.concatenate(stats.dropped) if stats.dropped else np.zeros(0, _U64)
+            # Once each: an id may have been dropped, readmitted and dropped again.
+            dropped = np.unique(np.concatenate(stats.dropped)) if stats.dropped else np.zeros(
+                0, _U64)
             stats.mark_saved(n)
             return dropped, unchanged
 
