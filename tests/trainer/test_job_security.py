@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -375,6 +376,11 @@ def test_a_key_holders_push_that_would_corrupt_the_model_is_refused(installed_se
         ({}, {0: torch.full((16,), float("inf"))[::2]}, r"found 8 NaN or inf"),  # strided
         ({}, {0: torch._neg_view(torch.full((8,), float("nan")))}, r"found 8 NaN"),  # lazy neg
         ({"ps_emb": (ids, nan)}, {}, r"table 'ps_emb': expected finite values"),
+        # Finite as sent, infinite as stored (float32).
+        ({}, {0: torch.full((8,), 1e39, dtype=torch.float64)},
+         r"dense parameter 0: expected finite values, found 8 NaN or inf"),
+        ({"ps_emb": (ids, torch.full((2, 8), -1e39, dtype=torch.float64))}, {},
+         r"table 'ps_emb': expected finite values, found 16 NaN or inf"),
         ({"ps_emb": (ids, torch.zeros(2, 9))}, {}, r"expected values of shape \(2, 8\), found"),
         ({"ps_emb": (ids, torch.zeros(3, 8))}, {}, r"expected values of shape \(2, 8\), found"),
     ]
@@ -389,6 +395,31 @@ def test_a_key_holders_push_that_would_corrupt_the_model_is_refused(installed_se
         assert torch.equal(values, before[i])
     assert torch.equal(handlers.pull_tables(["ps_emb"], ids, True)[0], rows_before)
     assert server.owned == [0, 1]
+
+
+def test_a_geo_push_whose_sums_would_overflow_is_refused_unapplied(installed_server):
+    ids = torch.tensor([3, 4])
+    huge = 3e38  # finite in float32; a few of them added are not
+    for sparse, dense, message in [
+        ({}, {0: torch.full((8,), huge)},
+         r"dense parameter 0 plus its delta would not be finite; nothing was added"),
+        ({"ps_emb": (ids, torch.full((2, 8), -huge))}, {},
+         r"table 'ps_emb': adding the delta of id \d+ .* would make its row not finite"),
+    ]:
+        for _ in range(8):
+            dense_before = {i: v.clone() for i, v in handlers.pull_dense().items()}
+            rows_before = handlers.pull_tables(["ps_emb"], ids, True)[0].clone()
+            try:
+                handlers.geo_push(0, sparse, dense)
+            except ValueError as refused:
+                assert re.search(message, str(refused)), refused
+                break
+        else:
+            pytest.fail("eight pushes of 3e38 were all added")
+        for i, values in handlers.pull_dense().items():
+            assert torch.equal(values, dense_before[i]) and values.isfinite().all()
+        rows = handlers.pull_tables(["ps_emb"], ids, True)[0]
+        assert torch.equal(rows, rows_before) and rows.isfinite().all()
 
 
 def test_a_pass_id_beyond_any_day_is_refused_and_saves_go_on(installed_server, tmp_path):

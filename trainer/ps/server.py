@@ -135,7 +135,10 @@ class ParameterServer:
                     f"{where}: dense parameter {i} has {self.dense[i].numel()} values, "
                     f"found {values.numel()}"
                 )
-            _require_finite(values, f"{where}: dense parameter {i}")
+            # As stored: a finite float64 may not be a finite float32.
+            stored = self.dense[i].dtype
+            _require_finite(values if values.dtype == stored else values.to(stored),
+                            f"{where}: dense parameter {i}")
         for name, (ids, values) in sparse.items():
             table = self.table(name)
             if values.dim() != 2 or values.shape != (ids.shape[0], table.dim):
@@ -143,7 +146,8 @@ class ParameterServer:
                     f"{where}: table {name!r} expected values of shape ({ids.shape[0]}, "
                     f"{table.dim}), found {tuple(values.shape)}"
                 )
-            _require_finite(values, f"{where}: table {name!r}")
+            _require_finite(values if values.dtype == torch.float32 else values.to(
+                torch.float32), f"{where}: table {name!r}")
 
     def table(self, name: str) -> SparseTable:
         table = self.tables.get(name)
@@ -173,9 +177,22 @@ class ParameterServer:
                 self.dense[i].grad = None
 
     def add_dense(self, deltas: DensePart, scale: float) -> None:
+        """Adds ``deltas * scale`` to the dense values this server owns, all or
+        none: a sum that would not be finite (finite deltas can overflow)
+        raises ValueError and changes nothing."""
+        if not deltas:
+            return
+        params = [self.dense[i] for i in deltas]
         with self._dense_lock, torch.no_grad():
-            for i, delta in deltas.items():
-                self.dense[i].add_(delta.view_as(self.dense[i]), alpha=scale)
+            sums = [param.add(delta.view_as(param), alpha=scale)
+                    for param, delta in zip(params, deltas.values(), strict=True)]
+            if not _all_finite(sums):
+                bad = next(i for i, value in zip(deltas, sums, strict=True)
+                           if not bool(value.isfinite().all()))
+                raise ValueError(
+                    f"server {self.index}: GEO push: dense parameter {bad} plus its delta "
+                    "would not be finite; nothing was added")
+            torch._foreach_copy_(params, sums)
 
     # -- pushes ------------------------------------------------------------------
 
@@ -278,13 +295,17 @@ class ParameterServer:
     def geo_push(
         self, sparse: SparsePart, dense: DensePart
     ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+        """Adds a worker's changes, each scaled by 1/worker_num; returns the rows
+        and dense values after them. Refused values (``check_gradients``) change
+        nothing; a sum that would overflow is refused for its dense values or
+        its table, before either changes."""
         self.check_gradients(sparse, dense, "GEO push")
         scale = 1.0 / max(1, self.worker_num)
+        self.add_dense(dense, scale)
         rows = {
             name: self.table(name).add(ids, deltas, scale)
             for name, (ids, deltas) in sparse.items()
         }
-        self.add_dense(dense, scale)
         return rows, self.dense_values()
 
     # -- membership -------------------------------------------------------------
@@ -415,6 +436,14 @@ def install(server: ParameterServer | None) -> None:
 # Float dtypes numpy checks in one vectorized pass; torch.isfinite is four
 # kernels and costs about ten times as much on a push's values.
 _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every value of the (few, small) dense ``tensors`` is finite: one
+    numpy pass where numpy can view them, which costs less than torch's ops."""
+    if all(t.dtype in _NUMPY_FLOATS for t in tensors):
+        return bool(np.isfinite(np.concatenate([t.numpy().ravel() for t in tensors])).all())
+    return all(bool(t.isfinite().all()) for t in tensors)
 
 
 def _require_finite(values: torch.Tensor, what: str) -> None:

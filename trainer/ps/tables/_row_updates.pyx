@@ -37,6 +37,11 @@ from trainer.ps.tables._rows cimport (
 from trainer.ps.tables._rows import _record_bytes
 
 
+cdef extern from "<math.h>" nogil:
+    # C99's type-generic macro, on a float (libc.math's takes a long double).
+    bint _float_is_finite "isfinite"(float value)
+
+
 def pool_rows(const float[:, ::1] rows, const int64_t[::1] inverse, offsets, bint mean):
     """Each record's pooled row: ``out[r]`` (float32 [records, dim]) is the sum
     (``mean``: the average; 0 for a record without values) of
@@ -310,8 +315,11 @@ def add_scaled_rows(row_t[:, ::1] weights, int64_t[::1] rows,
     """A GEO sync on a server: ``weights[rows[i]] += deltas[i] * scale`` and
     the row as stored after it into ``out[i]``; a row number -1 (an id not
     admitted) adds nothing and reads as zeros. ``rows`` must be distinct.
-    Each row changed is flagged in its ROW_STATS_DTYPE ``records``."""
+    Each row changed is flagged in its ROW_STATS_DTYPE ``records``. Returns
+    -1, or, changing nothing, the first ``i`` whose sum would not be finite
+    (finite deltas can overflow float32)."""
     cdef Py_ssize_t i, j, n = rows.shape[0], dim = weights.shape[1]
+    cdef Py_ssize_t overflow = -1
     cdef int64_t row
     if deltas.shape[0] != n or deltas.shape[1] != dim or out.shape[0] != n or out.shape[1] != dim:
         raise ValueError(
@@ -322,6 +330,18 @@ def add_scaled_rows(row_t[:, ::1] weights, int64_t[::1] rows,
         if rows[i] >= weights.shape[0]:
             raise IndexError(f"row {rows[i]} outside the table's {weights.shape[0]} rows")
     cdef RowStat* stats = _row_records(records, rows, True)
+    with nogil:
+        for i in range(n):  # every sum checked before any row changes
+            row = rows[i]
+            if row >= 0:
+                for j in range(dim):
+                    if not _float_is_finite(_get(&weights[row, 0], j) + deltas[i, j] * scale):
+                        overflow = i
+                        break
+            if overflow >= 0:
+                break
+    if overflow >= 0:
+        return overflow
     with nogil:
         for i in range(n):
             row = rows[i]
@@ -335,6 +355,7 @@ def add_scaled_rows(row_t[:, ::1] weights, int64_t[::1] rows,
                 # ``deltas * scale`` added by numpy, which this pass replaces
                 _put(&weights[row, 0], j, _get(&weights[row, 0], j) + deltas[i, j] * scale)
                 out[i, j] = _get(&weights[row, 0], j)
+    return -1
 
 
 def take_changes(row_t[:, ::1] weights, float[:, ::1] base, const int64_t[::1] rows):

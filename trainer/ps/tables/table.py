@@ -515,14 +515,24 @@ class SparseTable:
     ) -> torch.Tensor:
         """Adds ``deltas * scale`` to the rows of distinct ``ids`` (GEO); returns
         the new rows. A GEO sync counts as a training pull of its rows; ids not
-        admitted get nothing added and read as zeros."""
+        admitted get nothing added and read as zeros.
+
+        Raises:
+            ValueError: a sum would not be finite (deltas finite but huge: a
+                diverged or hostile worker); no row changed.
+        """
         ids = as_u64(ids)
         delta = np.ascontiguousarray(_as_f32(deltas, ids.shape[0], self.dim, self.name))
         out = np.empty((ids.shape[0], self.dim), dtype=np.float32)
         with self._lock:
             rows = self._seen(ids)
-            add_scaled_rows(
+            overflow = add_scaled_rows(
                 self._kernel(self._weights), rows, delta, scale, out, self._stats.records
+            )
+        if overflow >= 0:
+            raise ValueError(
+                f"table '{self.name}': adding the delta of id {int(ids[overflow])} "
+                f"(times {scale}) would make its row not finite; nothing was added"
             )
         return torch.from_numpy(out)
 
