@@ -172,6 +172,40 @@ def test_an_id_dropped_twice_between_saves_leaves_a_delta_that_loads(tmp_path):
     assert contents([reader]) == contents([writer]) and 5 not in contents([reader])
 
 
+def test_a_dense_save_while_another_worker_pushes_holds_one_moment(tmp_path):
+    import threading
+    import time
+
+    from trainer.ps.server import ParameterServer
+
+    param = torch.nn.Parameter(torch.zeros(1_000_000))
+    server = ParameterServer(0, 1, 2, "async", {}, [param],
+                             torch.optim.Adam([param], lr=1e-3))
+    stop = threading.Event()
+
+    def pushing() -> None:  # another worker, in async mode
+        while not stop.is_set():
+            server.push({}, {0: torch.ones(1_000_000)})
+
+    pusher = threading.Thread(target=pushing)
+    pusher.start()
+    try:
+        while not server.dense_optimizer.state:  # the first push has begun
+            time.sleep(0.01)
+        for k in range(4):
+            (tmp_path / str(k)).mkdir()
+            server.save(str(tmp_path / str(k)), "base")
+            saved = checkpoint.load_file(checkpoint.dense_file(str(tmp_path / str(k)), 0))
+            state = saved["optimizer"]["state"][0]
+            # A constant gradient of 1 moves Adam's parameter by lr a step.
+            steps = round(-float(saved["params"][0][0]) / 1e-3)
+            assert steps == int(state["step"]) and steps > 0, k
+            assert bool((state["exp_avg"] == state["exp_avg"][0]).all()), k  # not torn
+    finally:
+        stop.set()
+        pusher.join()
+
+
 class _Unsaveable:
     """A value torch.save cannot pickle: the save fails after its file was begun."""
 

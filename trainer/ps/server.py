@@ -19,6 +19,7 @@ Modes:
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -370,8 +371,11 @@ class ParameterServer:
             state = {
                 "indices": torch.tensor(self.owned, dtype=torch.int64),
                 "params": params,
+                # A copy: the state's tensors are the optimizer's own, which the
+                # next push changes while the file is written.
                 "optimizer": (
-                    None if self.dense_optimizer is None else self.dense_optimizer.state_dict()
+                    None if self.dense_optimizer is None
+                    else copy.deepcopy(self.dense_optimizer.state_dict())
                 ),
             }
         unchanged = self._checkpoint.written(token, all(unchanged_tables), params)
