@@ -24,6 +24,8 @@ pyarrow's filesystems take UTF-8 names only, so such a name given to one is a
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import fnmatch
 import functools
 import os
@@ -42,6 +44,7 @@ from .process import CommandStream
 __all__ = [
     "DownloadCommand",
     "as_filesystem",
+    "exchange_paths",
     "exists",
     "finish_replacement",
     "hdfs_args",
@@ -347,6 +350,30 @@ def sync_to_disk(path: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def exchange_paths(first: str, second: str) -> bool:
+    """Swaps two local paths in one step (Linux's ``renameat2`` with
+    ``RENAME_EXCHANGE``), so that no moment finds either missing; False,
+    changing nothing, where the system or the filesystem cannot (then the
+    caller renames in two steps)."""
+    function = getattr(_libc(), "renameat2", None)
+    if function is None:
+        return False
+    at_current_directory, rename_exchange = -100, 2
+    done = function(at_current_directory, os.fsencode(first), at_current_directory,
+                    os.fsencode(second), rename_exchange)
+    if done == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not offered here
+        return False
+    raise OSError(error, f"cannot swap {first} and {second}: {os.strerror(error)}")
+
+
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def sync_directory(directory: str) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -335,3 +336,73 @@ def test_the_variables_of_an_attempt(monkeypatch):
     monkeypatch.delenv(restart.RESTART_COUNT_ENV)
     monkeypatch.delenv(restart.RESUME_DIR_ENV)
     assert (restart.restart_count(), restart.resume_dir()) == (0, None)
+
+
+def test_replacing_a_recorded_checkpoint_never_leaves_it_missing(tmp_path, monkeypatch):
+    from trainer.ps.checkpoint import directory as checkpoint
+
+    def save(tag: str) -> None:
+        staging = checkpoint.staging_dir(str(tmp_path / "ckpt"))
+        (Path(staging) / "weights").write_text(tag)
+        checkpoint.commit(staging, str(tmp_path / "ckpt"), {"save": tag})
+
+    def saved() -> str:
+        return (tmp_path / "ckpt" / "weights").read_text()
+
+    path = tmp_path / restart.RECORD_FILE
+    monkeypatch.setenv(restart.CHECKPOINT_RECORD_ENV, str(path))
+    save("first")
+    restart.record_checkpoint(str(tmp_path / "ckpt"))
+    # Where the system swaps directories in one step, the old name is never
+    # renamed away: a rename of it fails the test.
+    from datafeed.source import fs
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "in_a").touch()
+    swaps = fs.exchange_paths(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert not swaps or [p.name for p in (tmp_path / "b").iterdir()] == ["in_a"]
+    shutil.rmtree(tmp_path / "a")
+    shutil.rmtree(tmp_path / "b")
+    real_replace = os.replace
+
+    def replace(source, target):
+        assert os.path.abspath(source) != str(tmp_path / "ckpt"), "moved the checkpoint away"
+        return real_replace(source, target)
+
+    if swaps:  # else (a filesystem without it) the two renames below are what runs
+        monkeypatch.setattr(os, "replace", replace)
+    save("second")
+    assert saved() == "second" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt", restart.RECORD_FILE]
+    monkeypatch.setattr(os, "replace", real_replace)
+    # Elsewhere, two renames; a process that dies between them (here the second
+    # fails as a kill would leave it) is restored by the restart's read.
+    monkeypatch.setattr(checkpoint, "exchange_paths", lambda first, second: False)
+    ckpt = str(tmp_path / "ckpt")
+
+    def dies_before_the_new_one_is_in(source, target):
+        if target == ckpt:
+            raise KeyboardInterrupt  # not an OSError: as a kill, nothing undoes it
+        return real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", dies_before_the_new_one_is_in)
+    with pytest.raises(KeyboardInterrupt):
+        save("third")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not (tmp_path / "ckpt").exists()
+    record = restart.read_record(str(path))
+    assert record is not None and record["checkpoint"] == ckpt
+    assert saved() == "second"
+
+    # A rename of the new one that fails (an OSError) puts the old one back itself.
+    def fails_for_the_new_one(source, target):
+        if target == ckpt and not source.endswith(".old"):
+            raise OSError("no space left")
+        return real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", fails_for_the_new_one)
+    with pytest.raises(OSError, match="no space left"):
+        save("fourth")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert saved() == "second"

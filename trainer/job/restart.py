@@ -119,11 +119,14 @@ def read_record(path: str) -> dict[str, Any] | None:
             f"{path}: expected an object with a 'checkpoint' directory, found {data[:200]!r}",
             path=path,
         )
+    from ..ps.checkpoint.directory import restore_interrupted  # torch: not at import
+
+    restore_interrupted(entry["checkpoint"])  # a job that died while replacing it
     meta = os.path.join(entry["checkpoint"], "meta.json")
     if not os.path.isfile(meta):
         raise CheckpointError(
             f"{path} records the checkpoint {entry['checkpoint']}, but {meta} does not exist "
-            "(removed, or the job died while replacing it)",
+            "(removed?)",
             path=path,
         )
     return entry

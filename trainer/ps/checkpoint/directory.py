@@ -21,8 +21,12 @@ rows in ``.pt`` files, before the Arrow files) are refused with a
 name and renamed into place once complete, so a reader never sees a
 half-written checkpoint; every file is synced to disk before the rename, and
 the rename after it, so a done file written later names a whole checkpoint even
-after a power loss. Shards are re-sharded on load: a checkpoint written by S
-servers loads into any number of servers, or into a local model. Every file
+after a power loss. A checkpoint saved again under its name is swapped with the
+new one in one step where Linux offers it (``renameat2``); elsewhere it is
+moved aside first, and a process that dies between the two renames leaves it
+there for ``restore_interrupted`` (a restart's read of its record) to put
+back. Shards are re-sharded on load: a checkpoint written by S servers loads
+into any number of servers, or into a local model. Every file
 names what it holds (row ids, parameter indices), so a loading process keeps
 what it owns by ``trainer.ps.placement``, whatever the placement at save time.
 Optimizer state moves with what it belongs to: a row's with the row; a dense
@@ -52,7 +56,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from datafeed.source.fs import sync_directory, write_atomically
+from datafeed.source.fs import exchange_paths, sync_directory, write_atomically
 
 from ...job.errors import CheckpointError
 from ..tables.describe import describe_value
@@ -160,14 +164,45 @@ def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
         json.dumps(meta, indent=1, sort_keys=True).encode(),
     )
     sync_directory(staging)
-    if os.path.exists(dirname):
-        old = f"{staging}.old"
-        os.replace(dirname, old)
+    if not os.path.exists(dirname):
         os.replace(staging, dirname)
-        shutil.rmtree(old, ignore_errors=True)
+    elif exchange_paths(staging, dirname):  # staging now holds the old checkpoint
+        shutil.rmtree(staging, ignore_errors=True)
     else:
-        os.replace(staging, dirname)
+        # Two renames: a crash between them leaves dirname missing, and the old
+        # checkpoint as <staging>.old, which restore_interrupted puts back.
+        old = f"{staging}{_REPLACED}"
+        os.replace(dirname, old)
+        try:
+            os.replace(staging, dirname)
+        except OSError:
+            os.replace(old, dirname)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
     sync_directory(os.path.dirname(os.path.abspath(dirname)))
+
+
+_REPLACED = ".old"
+
+
+def restore_interrupted(dirname: str) -> bool:
+    """Puts back the checkpoint that a replacement of ``dirname`` in two renames
+    moved aside, when the process died between them (``commit``); the newest
+    such when there are several. Returns whether one was put back."""
+    if os.path.exists(dirname):
+        return False
+    parent, name = os.path.split(os.path.abspath(dirname))
+    pattern = os.path.join(glob.escape(parent), f".{glob.escape(name)}.tmp-*{_REPLACED}")
+    moved = [path for path in glob.glob(pattern)
+             if os.path.isfile(os.path.join(path, "meta.json"))]
+    if not moved:
+        return False
+    newest = max(moved, key=lambda path: os.stat(os.path.join(path, "meta.json")).st_mtime_ns)
+    os.replace(newest, dirname)
+    sync_directory(parent)
+    log.warning("%s: put back the checkpoint that an interrupted replacement had moved "
+                "to %s", dirname, newest)
+    return True
 
 
 def read_meta(dirname: str) -> dict[str, Any]:
