@@ -206,6 +206,25 @@ def test_a_dense_save_while_another_worker_pushes_holds_one_moment(tmp_path):
         pusher.join()
 
 
+def test_a_delta_after_a_decaying_shrink_holds_the_decayed_statistics(tmp_path):
+    accessor = CtrAccessorParam(show_click_decay_rate=0.5)
+    writer = SparseTable(NAME, DIM, ADAGRAD, seed=3, accessor=accessor)
+    ids = as_u64(np.arange(1, 11))
+    for _ in range(4):
+        writer.pull(ids)
+    writer.add_clicks(ids, np.ones(10, dtype=np.float32))
+    base = save([writer], tmp_path / "base", "base", None)
+    writer.set_pass(1)
+    writer.pull(ids[:2])
+    assert writer.shrink() == (0, 10)  # every row's show and click halved
+    save([writer], tmp_path / "delta", "delta", base)
+    reader = SparseTable(NAME, DIM, ADAGRAD, seed=3, accessor=accessor)
+    for part in ("base", "delta"):
+        load([reader], tmp_path / part)
+    assert contents([reader]) == contents([writer])
+    assert writer.statistics(ids)["click"].tolist() == [0.5] * 10
+
+
 class _Unsaveable:
     """A value torch.save cannot pickle: the save fails after its file was begun."""
 

@@ -157,9 +157,12 @@ class RowStats:
             self.dropped.append(ids)
 
     def shrink_mask(self, accessor: object, rows: int) -> np.ndarray:
-        """Decays show and click of the first ``rows`` rows; which to drop."""
+        """Decays show and click of the first ``rows`` rows; which to drop.
+        A decay changes every row: the next delta holds them all."""
         unseen = self.clock.unseen_passes(self.last[:rows])
         self.altered = True
+        if accessor.show_click_decay_rate != 1.0:
+            self.changed[:rows] = 1
         return accessor.decay_and_drop(self.show[:rows], self.click[:rows], unseen)
 
     def drop_unseen_pending(self, passes: int) -> int:
