@@ -417,6 +417,44 @@ def test_a_failed_save_leaves_the_state_unknown(tmp_path, monkeypatch, caplog):
         pending.clear_pending()
 
 
+def test_a_base_replaces_the_rows_and_a_delta_over_unknown_rows_is_not_claimed(
+    tmp_path, caplog
+):
+    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "kept"),
+                                 "out": torch.nn.Linear(DIM, 1)})
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    try:
+        model["emb"](torch.tensor([[1, 2]]))
+        runtime.save_persistables(str(tmp_path / "base"), mode=0)
+        saved = runtime_tables()
+        model["emb"](torch.tensor([[3, 4]]))
+        runtime.save_persistables(str(tmp_path / "delta"), mode=1)
+        # A base loaded over rows it lacks leaves its rows only: the deltas
+        # after it then describe the tables.
+        runtime.load_persistables(str(tmp_path / "base"))
+        assert runtime_tables() == saved
+        model["emb"](torch.tensor([[5]]))
+        runtime.save_persistables(str(tmp_path / "after"), mode=1)
+        after = checkpoint.read_meta(str(tmp_path / "after"))
+        assert after["kind"] == "delta" and after["after"] == checkpoint.read_meta(
+            str(tmp_path / "base"))["save_id"]
+        # A delta loaded over rows of unknown state (a fresh job that trained
+        # first) does not make them the delta's: the next delta is a base.
+        stores.local_store().clear()
+        other = ParameterServerRuntime(ClusterRole.local(), None)
+        other.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+        model["emb"](torch.tensor([[9]]))
+        other.load_persistables(str(tmp_path / "delta"))
+        with caplog.at_level("WARNING", logger="trainer.ps.runtime"):
+            other.save_persistables(str(tmp_path / "next"), mode=1)
+        assert "a delta was loaded over rows of unknown state); writing a base" in caplog.text
+        assert checkpoint.read_meta(str(tmp_path / "next"))["kind"] == "base"
+    finally:
+        stores.local_store().clear()
+        pending.clear_pending()
+
+
 def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_committed(tmp_path, monkeypatch):
     # A done file lists a checkpoint once it is committed: after a power loss
     # that checkpoint must be whole, so each of its files, meta.json and its

@@ -433,7 +433,8 @@ class ParameterServerRuntime:
                 # committed: a delta could not say what it follows.
                 log.warning(
                     "save_persistables(%s): the tables' last save is not known (a save "
-                    "failed, or the servers were restarted); writing a base", dirname,
+                    "failed, the servers were restarted, or a delta was loaded over rows "
+                    "of unknown state); writing a base", dirname,
                 )
                 shutil.rmtree(staging, ignore_errors=True)
                 self.save_persistables(dirname, extra_files, "base")
@@ -488,6 +489,7 @@ class ParameterServerRuntime:
             files = table_files.read_tables(
                 dirname, meta, self._local_tables("load_persistables()")
             )
+            exact = self._checkpoint.loads_exactly(meta)
             # Everything is checked: from here on nothing is refused.
             table_files.load_tables(files)
             with torch.no_grad():
@@ -495,7 +497,7 @@ class ParameterServerRuntime:
                     p.copy_(values[i])
             if optimizer_state is not None:
                 optimizer.load_state_dict(optimizer_state)
-            self._checkpoint.loaded(meta, self.params)
+            self._checkpoint.loaded(meta, self.params, exact)
             return
         servers = self._connected()
         if meta["kind"] == "delta":

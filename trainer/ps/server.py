@@ -416,6 +416,7 @@ class ParameterServer:
                 dirname, meta, self.dense_optimizer, who=f"server {self.index}"
             )
         files = table_files.read_tables(dirname, meta, self.tables)
+        exact = self._checkpoint.loads_exactly(meta)
         # Everything is checked: from here on nothing is refused.
         table_files.load_tables(
             files, owns=lambda ids: shard_of(ids, self.server_num) == self.index
@@ -425,7 +426,7 @@ class ParameterServer:
                 self.dense[i].copy_(values[i])
             if self.dense_optimizer is not None and optimizer_state is not None:
                 self.dense_optimizer.load_state_dict(optimizer_state)
-            self._checkpoint.loaded(meta, [self.dense[i] for i in self.owned])
+            self._checkpoint.loaded(meta, [self.dense[i] for i in self.owned], exact)
         log.info("server %d loaded %s", self.index, dirname)
 
 

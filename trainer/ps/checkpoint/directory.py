@@ -617,11 +617,22 @@ class CheckpointState:
             self._state, self._pending = state, None
             return True
 
-    def loaded(self, meta: dict[str, Any], dense: list[torch.Tensor]) -> None:
-        """The rows and ``dense`` values now are those of the checkpoint of ``meta``."""
+    def loaded(self, meta: dict[str, Any], dense: list[torch.Tensor], exact: bool) -> None:
+        """The checkpoint of ``meta`` was loaded, ``dense`` its values. ``exact``:
+        the rows now are the checkpoint's (``loads_exactly``); else their state
+        is unknown, and the next delta is written as a base."""
         with self._lock:
-            self._state, self._pending = state_of(meta), None
+            self._state, self._pending = state_of(meta) if exact else None, None
             self._dense = [d.detach().clone() for d in dense]
+
+    def loads_exactly(self, meta: dict[str, Any]) -> bool:
+        """Whether loading the checkpoint of ``meta`` leaves exactly its rows: a
+        base (which replaces the rows), or a delta of the state the rows are at
+        (a delta loaded over rows of an unknown state leaves them unknown)."""
+        if meta["kind"] == "base":
+            return True
+        state = self.state
+        return state is not None and meta.get("after") == state
 
 
 def check_follows(meta: dict[str, Any], state: str | None, dirname: str) -> None:

@@ -378,8 +378,12 @@ def load_tables(files: Sequence[tuple[Any, list[ShardFile]]],
                 owns: Any = None) -> None:
     """Applies checked ``read_tables`` files: per table, the dropped ids, then
     the rows (only those where ``owns(ids)`` is true, when given); then marks
-    every row saved, so that the next delta holds what changes after the load."""
+    every row saved, so that the next delta holds what changes after the load.
+    A base replaces the table's rows: afterwards it holds the base's, and the
+    deltas after it describe it (Paddle's load keeps rows the files lack)."""
     for table, shards in files:
+        if any(shard.kind == "base" for shard in shards):
+            table.clear_rows()
         for shard in shards:
             for columns in shard.batches():
                 rows_to_load = None if owns is None or shard.content == "dropped" else owns(

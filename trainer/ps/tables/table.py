@@ -393,6 +393,13 @@ class SparseTable:
             parts = self._stats.dropped or []
             return np.concatenate(parts) if parts else np.zeros(0, dtype=_U64)
 
+    def clear_rows(self) -> None:
+        """Drops every row (a base is about to be loaded in their place); the
+        settings, the pass and the ids waiting for admission stay."""
+        with self._lock:
+            if self._index.size:
+                self._keep_rows(np.zeros(self._index.size, dtype=bool))
+
     def mark_saved(self) -> None:
         """Every row is saved: clears the changed flags and the dropped ids,
         and from now on records dropped ids."""
