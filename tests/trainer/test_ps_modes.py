@@ -93,6 +93,31 @@ def test_geo_mode_sends_deltas_every_k_steps(local_store_after):
     assert server.dense[0].tolist() == [-4.0, -4.0] == model.bias.tolist()
 
 
+def test_after_a_reload_a_geo_worker_trains_on_the_servers_rows(local_store_after):
+    # refresh() (every barrier_worker) and load_persistables end with
+    # reloaded(): the rows the worker holds are read again from the servers.
+    mode = GeoMode(5)
+    model, server, opt = connected_mode(mode, "geo_reload_t", server_optimizer=False)
+    table = server.tables["geo_reload_t"]
+    seven = np.array([7], dtype=np.uint64)
+    initial = table.init_rows(seven)[0].copy()
+    for _ in range(4):
+        train_step(model, opt)
+    mode.flush()
+    # The servers' row moves on without this worker (another worker's sync,
+    # a load): a reload takes it, exactly, and nothing is left to send.
+    table.add(seven, torch.full((1, 2), -10.0), 1.0)
+    servers_row = table.pull(seven, create=False).numpy()[0].copy()
+    np.testing.assert_allclose(servers_row, initial - 14, rtol=1e-6)
+    mode.reloaded()
+    stores.install_store(mode.store)
+    trained_on = model.emb(torch.tensor([7]))  # a training forward's pull
+    assert trained_on[0].detach().numpy().tolist() == servers_row.tolist()
+    pending.clear_pending()
+    mode.flush()  # nothing changed locally: the servers' row stays as it is
+    assert table.pull(seven, create=False).numpy()[0].tolist() == servers_row.tolist()
+
+
 def test_a_geo_flush_leaves_the_worker_at_the_servers_dense_values_exactly(local_store_after):
     # A barrier flushes, then its refresh flushes again: the second must send
     # zeros. A merge that left rounding in the worker's values (its own plus

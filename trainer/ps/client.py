@@ -288,7 +288,7 @@ class _GeoTable:
     aligned by row number, ``base`` (the rows as of the last sync), ``ids``
     (each row's id) and ``touched`` (trained since the last sync)."""
 
-    def __init__(self, table: SparseTable) -> None:
+    def __init__(self, config: TableConfig, table: SparseTable) -> None:
         if table.entry is not None or table.max_rows is not None:
             # Rows are numbered once, in order of creation, and never dropped:
             # base, ids and touched are aligned with them.
@@ -297,6 +297,7 @@ class _GeoTable:
                 f"nothing (TableConfig.make_table(..., lifecycle=False)), got entry "
                 f"{table.entry!r}, max_rows {table.max_rows!r}"
             )
+        self.config = config
         self.table = table
         self.base = np.zeros((0, table.dim), dtype=np.float32)
         self.ids = np.zeros(0, dtype=np.uint64)
@@ -359,7 +360,8 @@ class GeoStore:
             with self._lock:
                 geo = self._tables.get(config.name)
                 if geo is None:
-                    geo = self._tables[config.name] = _GeoTable(self._make_table(config))
+                    geo = self._tables[config.name] = _GeoTable(
+                        config, self._make_table(config))
         return geo
 
     def pull(self, config: TableConfig, ids: torch.Tensor, training: bool) -> torch.Tensor:
@@ -444,10 +446,34 @@ class GeoStore:
         return out
 
     def clear(self) -> None:
-        """Forgets every local row (the next pulls fetch the servers' values)."""
+        """Forgets every local row: rows pulled from now on start again from
+        their initial values."""
         with self._lock:
             # Pulls this copy's threads kept die with its tables (kept weakly).
             self._tables.clear()
+
+    def reload(self, chunk: int = 1 << 20) -> None:
+        """Reads every local row again from the servers (after they loaded a
+        checkpoint, or to catch up with the other workers): each row and its
+        base become the servers' value, and nothing is left to send. Without
+        it the rows would start over from their initial values, which the
+        servers' rows no longer are. One pull of ``chunk`` ids at a time."""
+        with self._lock:
+            tables = list(self._tables.values())
+        for geo in tables:
+            rows = len(geo.table)
+            for start in range(0, rows, chunk):
+                numbers = np.arange(start, min(start + chunk, rows), dtype=np.int64)
+                values = _as_rows(self.remote._fetch(
+                    (geo.config,), _int64(geo.ids[numbers]), False)[0])
+                with self._lock:
+                    # Two merges (row += merged - base) set each row and its base
+                    # to the servers' value exactly, an unsent change dropped:
+                    # from base = row to 0 (x + (0 - x) is 0), then from 0.
+                    geo.base[numbers] = geo.table.read_rows(numbers)
+                    geo.table.merge_rows(geo.base, numbers, np.zeros_like(values))
+                    geo.table.merge_rows(geo.base, numbers, values)
+                    geo.touched[numbers] = False
 
     def merge(self, name: str, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Takes the servers' merged values of rows sent by ``deltas()``: they

@@ -337,9 +337,9 @@ class GeoMode(TrainingMode):
         self.sync(wait=True)
 
     def reloaded(self) -> None:
-        """Drops the local rows (the next pulls read the servers') and takes the
-        dense values as the new base."""
-        self._store().clear()
+        """Reads the local rows again from the servers and takes the dense
+        values as the new base."""
+        self._store().reload()
         self._dense_base = [p.detach().clone() for p in self.params]
 
     def _store(self) -> GeoStore:
