@@ -310,7 +310,7 @@ class ParameterServerRuntime:
         """Brings this worker's copy of the model up to date with the servers,
         e.g. before an evaluation: in async mode the dense parameters lag the
         other workers' pushes; in GEO mode cached rows do too (GEO first pushes
-        its pending deltas, then drops its row cache)."""
+        its pending deltas, then reads its rows again)."""
         if self.local:
             return
         servers = self._connected()
