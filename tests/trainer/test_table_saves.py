@@ -225,6 +225,27 @@ def test_a_delta_after_a_decaying_shrink_holds_the_decayed_statistics(tmp_path):
     assert writer.statistics(ids)["click"].tolist() == [0.5] * 10
 
 
+def test_passes_set_with_no_pull_between_keep_each_rows_last_pass(tmp_path):
+    writer = SparseTable(NAME, DIM, ADAGRAD, seed=3)
+    one, two = as_u64(np.array([1])), as_u64(np.array([2]))
+    writer.set_pass(1)
+    writer.pull(one)
+    writer.set_pass(2)
+    writer.pull(two)
+    save([writer], tmp_path / "base", "base", None)
+    assert writer.statistics(as_u64(np.array([1, 2])))["unseen_passes"].tolist() == [1, 0]
+    # A job that starts its passes before it loads (no pull between them).
+    reader = SparseTable(NAME, DIM, ADAGRAD, seed=3)
+    reader.set_pass(1)
+    reader.set_pass(2)
+    load([reader], tmp_path / "base")
+    assert contents([reader]) == contents([writer])
+    save([reader], tmp_path / "again", "base", None)
+    seen = [int(p) for columns in table_files.read_table(str(tmp_path / "again"), NAME)
+            for p in columns["last_seen_pass"]]
+    assert seen == [1, 2]
+
+
 class _Unsaveable:
     """A value torch.save cannot pickle: the save fails after its file was begun."""
 

@@ -50,7 +50,11 @@ class PassClock:
         if pass_id > self.current_pass:
             self.current_pass = int(pass_id)
             self._pass_ids = np.append(self._pass_ids, self.current_pass)
-            self._pass_ticks = np.append(self._pass_ticks, self.tick + 1)
+            # Each pass begins at a tick of its own, pulled in or not: two
+            # passes set with no pull between must not share their first tick,
+            # or a row last seen in the first would read as seen in the second.
+            self.tick += 1
+            self._pass_ticks = np.append(self._pass_ticks, self.tick)
 
     def unseen_passes(self, ticks: np.ndarray) -> np.ndarray:
         """How many passes ago each last-seen tick was (0: in the current pass)."""

@@ -95,8 +95,7 @@ def ticks_of_passes(
         wanted.add(int(saved_pass))
     for number in sorted(wanted):
         if number > clock.current_pass:
-            clock.set_pass(number, f"table '{table}'")
-            clock.tick += 1  # rows of different passes never share a tick
+            clock.set_pass(number, f"table '{table}'")  # at a tick of its own
     if passes is None:
         return None
     distinct, inverse = np.unique(passes, return_inverse=True)
