@@ -133,8 +133,11 @@ class Feeder:
     """Copies a readable stream into a pipe (a command's stdin) on a thread.
 
     The pipe is closed at the end of the stream (the command sees EOF). A
-    command that stops reading early (``BrokenPipeError``) just ends the copy;
-    any other error is kept in ``error`` and re-raised by ``raise_error()``.
+    command that stops reading early (a write's ``BrokenPipeError``) just ends
+    the copy; any other error, a read's above all (a remote stream's
+    ``ArrowInvalid`` is a ``ValueError``, and must not pass for the end of the
+    file), is kept in ``error`` and re-raised by ``raise_error()``, unless
+    ``stop()`` ended the copy on purpose.
     """
 
     def __init__(self, source: Any, pipe: Any, name: str) -> None:
@@ -142,6 +145,7 @@ class Feeder:
         self._pipe = pipe
         self.error: BaseException | None = None
         self.bytes = 0
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -151,12 +155,14 @@ class Feeder:
                 data = self._source.read(COPY_BYTES)
                 if not data:
                     break
-                self._pipe.write(data)
+                try:
+                    self._pipe.write(data)
+                except (BrokenPipeError, ValueError):
+                    return  # the command went away (or was killed): nothing to feed
                 self.bytes += len(data)
-        except (BrokenPipeError, ValueError):
-            pass  # the command went away (or was killed): nothing more to feed
         except BaseException as error:  # noqa: BLE001 - re-raised by raise_error()
-            self.error = error
+            if not self._stopped:
+                self.error = error
         finally:
             for closable in (self._pipe, self._source):
                 with contextlib.suppress(BrokenPipeError, OSError, ValueError):
@@ -173,6 +179,7 @@ class Feeder:
     def stop(self) -> None:
         """Ends the copy early where the source allows it: a ``CommandStream``
         is killed, so that a read blocked on it returns."""
+        self._stopped = True
         kill = getattr(self._source, "kill", None)
         if kill is not None:
             kill()

@@ -24,7 +24,7 @@ import pytest
 from support import SMALL_SCHEMA, small_line, small_record, write_small_files
 
 import datafeed
-from datafeed import DatafeedError, InMemoryDataset, QueueDataset, SchemaError, Slot
+from datafeed import DatafeedError, InMemoryDataset, QueueDataset, ReaderError, SchemaError, Slot
 from datafeed.source import fs, ranges
 
 HOSTILE_NAMES = [
@@ -278,6 +278,51 @@ def test_the_filesystem_setting_takes_pyarrow_and_fsspec_filesystems(tmp_path: P
         memory.rm("/fleetfeed", recursive=True)
     with pytest.raises(SchemaError, match="'filesystem' setting must be"):
         InMemoryDataset().init(use_var=SMALL_SCHEMA, filesystem="s3")
+
+
+def test_a_remote_read_that_fails_midway_fails_the_load_through_a_pipe_command(tmp_path: Path):
+    # pyarrow's ArrowInvalid is a ValueError: a read raising it must not pass
+    # for the end of the file (the command would see EOF and exit 0).
+    import io
+
+    import pyarrow as pa
+
+    memory = pytest.importorskip("fsspec.implementations.memory")
+    paths = write_small_files(tmp_path, files=1, per_file=400)
+    data = Path(paths[0]).read_bytes()
+    cut = data.index(b"\n", len(data) // 2) + 1  # at a line end: a silent cut looks whole
+
+    class FailingStream(io.RawIOBase):
+        def __init__(self) -> None:
+            self.at = 0
+
+        def readable(self) -> bool:
+            return True
+
+        def read(self, size: int = -1) -> bytes:
+            if self.at >= cut:
+                raise pa.ArrowInvalid("connection reset while decoding response")
+            size = 4096 if size is None or size < 0 else min(size, 4096)
+            chunk = data[self.at : min(self.at + size, cut)]
+            self.at += len(chunk)
+            return chunk
+
+    class Flaky(memory.MemoryFileSystem):
+        protocol = "flaky"
+
+        def _open(self, path, mode="rb", **kwargs):
+            return FailingStream() if mode == "rb" else super()._open(path, mode, **kwargs)
+
+    flaky = Flaky()
+    flaky.pipe("/fleetfeed/part-0.txt", data)
+    try:
+        for command in ("cat", PY_READER):
+            with pytest.raises((ReaderError, pa.ArrowInvalid),
+                               match="connection reset while decoding response"):
+                _load(InMemoryDataset, ["/fleetfeed/part-0.txt"], pipe_command=command,
+                      filesystem=flaky)
+    finally:
+        flaky.rm("/fleetfeed", recursive=True)
 
 
 def test_paddle_fs_name_maps_onto_hdfs():
