@@ -139,3 +139,21 @@ def test_the_server_reuses_a_pull_overtaken_by_the_next_one():
     server.push({"t": (first, torch.ones(2, 2))}, {}, worker=0)
     np.testing.assert_allclose(server.tables["t"].pull(first, create=False), before - 1)
     assert server._pulled_rows(0, "t", second.numpy().view(np.uint64)) is not None
+
+
+def test_a_push_matched_to_an_unpushed_pull_of_an_id_admitted_since_is_applied():
+    # A pull never pushed (a forward that failed after it, a pull sent ahead
+    # and dropped) stays remembered; the server matches a later push of the
+    # same ids to it. Its id was not admitted then, and is now.
+    from trainer.ps.tables.entries import CountFilterEntry
+
+    spec = OptimizerSpec("sgd", {"lr": 1.0})
+    table = SparseTable("t", 2, spec, entry=CountFilterEntry(2))
+    server = ParameterServer(0, 1, 1, "async", {"t": table}, [], None)
+    ids = torch.tensor([7])
+    assert server.pull_step(0, ["t"], ids)[0].tolist() == [[0.0, 0.0]]  # not admitted
+    trained_on = server.pull_step(0, ["t"], ids)[0]  # admitted: the forward's row
+    assert trained_on.abs().sum() > 0
+    server.push({"t": (ids, torch.full((1, 2), 3.0))}, {}, worker=0)
+    np.testing.assert_allclose(table.pull(ids.numpy().view(np.uint64), create=False),
+                               trained_on - 3)

@@ -87,11 +87,28 @@ def _fill_absent(table: SparseTable, ids: np.ndarray, rows: np.ndarray, out: np.
         out[absent] = table.init_rows(ids[absent]) if table.entry is None else 0.0
 
 
+def _rows_now(table: SparseTable, pulled: PulledRows) -> np.ndarray:
+    """The row numbers a push of ``pulled``'s ids applies to: the pull's (all
+    looked up again if the table renumbered its rows since), and those of ids
+    it found without a row (not admitted) looked up again: a pull's ids may
+    have been admitted since, and a server matches a push to the oldest
+    remembered pull of the same ids, which may be one never pushed (a forward
+    that failed, a pull sent ahead and dropped). Caller holds the lock."""
+    if pulled.stamp != table.renumbered:
+        return table._rows_for(pulled.ids, create=table._fixed)
+    rows = pulled.rows
+    absent = rows < 0
+    if absent.any():
+        rows = rows.copy()
+        rows[absent] = table._rows_for(pulled.ids[absent], create=False)
+    return rows
+
+
 def push_numbered(table: SparseTable, grads: torch.Tensor, pulled: PulledRows) -> None:
-    """``table.push(pulled.ids, grads)`` at the row numbers of the pull (looked
-    up again if the table renumbered its rows since). Gradients of ids that
-    had no row at the pull (not admitted) are dropped, as are those of ids
-    evicted since."""
+    """``table.push(pulled.ids, grads)`` at the row numbers of the pull
+    (``_rows_now``). Gradients of ids without a row now (not admitted,
+    evicted) are dropped; an id admitted after its pull takes its gradient,
+    as Paddle's push updates what exists when it arrives."""
     grad = grads.detach().to(torch.float32).numpy()
     if grad.shape != (pulled.ids.shape[0], table.dim):
         raise ValueError(
@@ -99,9 +116,7 @@ def push_numbered(table: SparseTable, grads: torch.Tensor, pulled: PulledRows) -
             f"({pulled.ids.shape[0]}, {table.dim}), got {tuple(grad.shape)}"
         )
     with table._lock:
-        rows = pulled.rows
-        if pulled.stamp != table.renumbered:
-            rows = table._rows_for(pulled.ids, create=table._fixed)
+        rows = _rows_now(table, pulled)
         present = rows >= 0
         if not present.all():
             rows, grad = rows[present], grad[present]
@@ -121,9 +136,7 @@ def push_pooled_numbered(
     out = pooling.output_gradient(grad)
     adagrad = kind == "adagrad"
     with table._lock:
-        rows = pulled.rows
-        if pulled.stamp != table.renumbered:
-            rows = table._rows_for(pulled.ids, create=table._fixed)
+        rows = _rows_now(table, pulled)
         push_pooled(
             table._kernel(table._weights),
             table._kernel(table._state["sum"]) if adagrad else None, rows, out,
