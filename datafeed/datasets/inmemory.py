@@ -185,6 +185,21 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
 
     # -- the parsed-data cache (datafeed/records/cache.py) -------------------------------------
 
+    def _reader_settings(self) -> dict[str, Any]:
+        """The settings that decide which records a file gives: a cache made
+        under others is stale. (What a pipe command's script does is not seen:
+        after editing a reader.py, delete the cache.)"""
+        s = self._settings.as_dict()
+        generator = s.get("data_generator")
+        if generator is not None:
+            kind = generator if isinstance(generator, type) else type(generator)
+            generator = f"{kind.__module__}.{kind.__qualname__}"
+        return {
+            "pipe_command": s["pipe_command"], "download_cmd": s["download_cmd"],
+            "data_generator": generator, "on_bad_line": s["on_bad_line"],
+            "max_line_bytes": s["max_line_bytes"],
+        }
+
     def _source_now(self, path: str) -> cache.SourceFile:
         """A source file's size and mtime now, local or through its filesystem."""
         filesystem = self._filesystem()
@@ -216,7 +231,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             )
         cache.write_cache(
             os.fspath(path), store.schema, store.copy_pieces(), self._sources,
-            self._source_stats,
+            self._source_stats, self._reader_settings(),
         )
         logger.info("saved %d records to cache %s", store.rows, os.fspath(path))
 
@@ -238,7 +253,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             raise SchemaError("load_cache: no slots declared; call init(use_var=[...]) first")
         path = os.fspath(path)
         chunks, stats, sources = cache.read_cache(
-            path, self._record_schema, self._filelist, stat=self._source_now
+            path, self._record_schema, self._filelist, self._reader_settings(),
+            stat=self._source_now,
         )
         store = self._store_of_schema("load_cache")
         store.extend(chunks)

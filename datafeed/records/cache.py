@@ -86,6 +86,7 @@ def write_cache(
     chunks: Sequence[RecordChunk],
     sources: Sequence[SourceFile],
     per_file: Sequence[FileStats],
+    reader_settings: dict[str, Any],
 ) -> None:
     """Writes ``chunks`` to ``path`` atomically (a temporary name, then a rename).
 
@@ -95,6 +96,8 @@ def write_cache(
         chunks: the records, in order.
         sources: the files the records were loaded from, as they were then.
         per_file: the load accounting of each source (restored by ``read_cache``).
+        reader_settings: the settings that made records of the files (JSON
+            values: the pipe command, ...), which ``read_cache`` must be given alike.
 
     Raises:
         OSError: the write failed (a full disk, a file size limit, ...): the
@@ -115,6 +118,7 @@ def write_cache(
         "format": FORMAT,
         "version": VERSION,
         "slots": [str(slot) for slot in schema],
+        "reader": reader_settings,
         "sources": [asdict(s) for s in sources],
         "per_file": [
             {k: v for k, v in asdict(f).items() if k != "seconds"} for f in per_file
@@ -144,6 +148,7 @@ def read_cache(
     path: str,
     schema: SlotSchema,
     filelist: Sequence[str] | None,
+    reader_settings: dict[str, Any],
     stat: Callable[[str], SourceFile] = SourceFile.of,
 ) -> tuple[list[RecordChunk], LoadStats, list[SourceFile]]:
     """Loads a cache written by ``write_cache``, refusing a stale one.
@@ -151,6 +156,8 @@ def read_cache(
     Args:
         path: the cache file.
         schema: the slots the caller declares (``use_var``); must equal the cache's.
+        reader_settings: the caller's reader settings; must equal those the
+            cache records.
         filelist: the files the caller means to load; when given (non-empty),
             the cache must hold exactly these, in this order.
         stat: a source's size and mtime now (remote files: through their
@@ -179,7 +186,7 @@ def read_cache(
     except pa.ArrowInvalid as error:
         raise CacheError(f"cache {path} is not an Arrow IPC file ({error})") from None
     meta = _metadata(path, reader.schema, reader.num_record_batches)
-    _check_fresh(path, meta, schema, filelist, stat)
+    _check_fresh(path, meta, schema, filelist, reader_settings, stat)
     _check_columns(path, reader.schema, schema)
     problem = file_problem(pa.py_buffer(mapped))  # before any batch is decoded
     if problem is not None:
@@ -297,6 +304,7 @@ def _check_fresh(
     meta: dict[str, Any],
     schema: SlotSchema,
     filelist: Sequence[str] | None,
+    reader_settings: dict[str, Any],
     stat: Callable[[str], SourceFile],
 ) -> None:
     """Raises CacheError naming the first difference between the cache and now."""
@@ -306,6 +314,20 @@ def _check_fresh(
         raise CacheError(
             f"stale cache {path}: it holds slots [{', '.join(meta['slots'])}] but use_var "
             f"declares [{', '.join(declared)}]; {advice}"
+        )
+    recorded_reader = meta.get("reader")
+    if recorded_reader != reader_settings:
+        if not isinstance(recorded_reader, dict):
+            raise CacheError(
+                f"stale cache {path}: it does not record the reader settings that made its "
+                f"records (written by an earlier fleetfeed); {advice}"
+            )
+        changed = [f"{name} {recorded_reader.get(name)!r:.200} -> {value!r:.200}"
+                   for name, value in reader_settings.items()
+                   if recorded_reader.get(name) != value]
+        raise CacheError(
+            f"stale cache {path}: its records were made with other reader settings "
+            f"({'; '.join(changed) or 'other settings'}); {advice}"
         )
     recorded = [s["path"] for s in meta["sources"]]
     if filelist:

@@ -4,6 +4,7 @@ caches refused."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -65,14 +66,45 @@ def test_loaded_columns_are_writable_views_of_the_mapping(tmp_path, files):
 
 
 def test_cache_setting_writes_once_then_loads_from_the_cache(tmp_path, files):
-    path = tmp_path / "auto.arrow"
-    first = dataset(files, cache=str(path), pipe_command="cat")
+    path, ran = tmp_path / "auto.arrow", tmp_path / "ran"
+    command = f"cat && touch {ran}"  # leaves a mark each time it runs
+    first = dataset(files, cache=str(path), pipe_command=command)
     first.load_into_memory()
-    assert path.exists()
-    # A pipe command that would fail proves the second load never runs it.
-    second = dataset(files, cache=str(path), pipe_command="exit 3")
+    assert path.exists() and ran.exists()
+    ran.unlink()
+    second = dataset(files, cache=str(path), pipe_command=command)
     second.load_into_memory()
-    assert second.to_arrow().equals(first.to_arrow())
+    assert second.to_arrow().equals(first.to_arrow()) and not ran.exists()  # never run
+
+
+def test_a_cache_made_by_another_reader_is_refused(tmp_path, files):
+    path = tmp_path / "c.arrow"
+    made = dataset(files, pipe_command="cat")
+    made.load_into_memory()
+    made.save_cache(path)
+    for settings, change in [
+        ({"pipe_command": "grep -v x"}, "pipe_command 'cat' -> 'grep -v x'"),
+        ({"on_bad_line": "skip"}, "on_bad_line 'raise' -> 'skip'"),
+        ({"max_line_bytes": 1024}, "max_line_bytes 67108864 -> 1024"),
+    ]:
+        with pytest.raises(CacheError, match="its records were made with other reader "
+                           rf"settings \({re.escape(change)}\)"):
+            dataset(files, **settings).load_cache(path)
+    dataset(files, pipe_command="cat").load_cache(path)  # the same reader: loaded
+    # A cache written before the reader settings were recorded cannot be trusted.
+    import json
+
+    original = pa.ipc.open_file(str(path))
+    meta = json.loads(original.schema.metadata[b"fleetfeed.cache"])
+    del meta["reader"]
+    schema = original.schema.with_metadata({b"fleetfeed.cache": json.dumps(meta).encode()})
+    batches = [original.get_batch(i) for i in range(original.num_record_batches)]
+    with pa.ipc.new_file(str(path) + ".new", schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    os.replace(str(path) + ".new", path)
+    with pytest.raises(CacheError, match="does not record the reader settings"):
+        dataset(files, pipe_command="cat").load_cache(path)
 
 
 def test_a_changed_source_is_refused(tmp_path, files):

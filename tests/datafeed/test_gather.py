@@ -201,5 +201,5 @@ def test_a_cache_of_a_shuffled_store_gathers_each_piece_once(
         return window(self, start, stop)
 
     monkeypatch.setattr(PermutedRows, "window", counted)
-    write_cache(str(tmp_path / "records.arrow"), SCHEMA, shuffled.copy_pieces(), [], [])
+    write_cache(str(tmp_path / "records.arrow"), SCHEMA, shuffled.copy_pieces(), [], [], {})
     assert gathered == [0, 3, 3, 3, 1]  # the layout (no rows), then each piece once
