@@ -137,12 +137,7 @@ class Fleet:
                 f"role_maker must be a trainer role maker (PaddleCloudRoleMaker, "
                 f"UserDefinedRoleMaker), got {type(role_maker).__name__}"
             )
-        if strategy is None:
-            strategy = DistributedStrategy()
-        elif not isinstance(strategy, DistributedStrategy):
-            raise TypeError(
-                f"strategy must be a DistributedStrategy, got {type(strategy).__name__}"
-            )
+        strategy = DistributedStrategy() if strategy is None else _checked(strategy)
         self._shutdown_collective()
         role = role_maker.generate_role()
         self._role_maker, self._role, self._strategy = role_maker, role, strategy
@@ -355,10 +350,7 @@ class Fleet:
                 only, trained with a placeholder parameter).
         """
         if strategy is not None:
-            if not isinstance(strategy, DistributedStrategy):
-                raise TypeError(
-                    f"strategy must be a DistributedStrategy, got {type(strategy).__name__}"
-                )
+            _checked(strategy)
             if self._runtime is not None:
                 raise TrainerError(
                     "distributed_optimizer(strategy=...) after the parameter-server "
@@ -367,19 +359,15 @@ class Fleet:
             if self.role.is_collective:
                 logger.warning("the strategy given to distributed_optimizer replaces init()'s")
             self._strategy = strategy
-        if self._ps_mode:
-            wrapped = self._get_runtime().distributed_optimizer(optimizer, model)
-        elif not self.role.is_collective and _ps_available():
-            # Local mode of the PS runtime: sparse tables in this process.
+        if self._ps_mode or (not self.role.is_collective and _ps_available()):  # or local
             wrapped = self._get_runtime().distributed_optimizer(optimizer, model)
         elif self.role.is_collective and self.role.distributed:
             # Paddle's minimize() inserts the gradient all-reduce: so does this
             # step(), with or without distributed_model.
             from .collective.data_parallel import CollectiveOptimizer
 
-            wrapped = optimizer if isinstance(optimizer, CollectiveOptimizer) else (
-                CollectiveOptimizer(optimizer)
-            )
+            is_wrapped = isinstance(optimizer, CollectiveOptimizer)
+            wrapped = optimizer if is_wrapped else CollectiveOptimizer(optimizer)
         else:
             wrapped = optimizer
         self.optimizer = wrapped
@@ -415,13 +403,13 @@ class Fleet:
         checkpoints the whole job: every worker must then make it; each first
         sends what it has not sent to the servers (GEO: its pending deltas),
         their datasets' ``state_dict()`` are gathered to the first worker, which
-        writes them to ``dirname/dataset_state.json`` inside the same atomic
-        checkpoint as the model, and no worker returns before the checkpoint is
-        complete. ``load_persistables`` / ``load_dataset_state`` with a dataset
-        resume each worker where it was. Under ``fleetrun --max_restarts`` the
-        first worker then records ``dirname`` as the checkpoint a restart resumes
-        from (docs/restarts.md); a save without ``dataset``, or a delta, is never
-        recorded.
+        writes them to ``dirname/dataset_state.json`` in the same atomic
+        checkpoint as the model (a folder that replaces ``dirname``), and no
+        worker returns before it is complete. ``load_persistables`` /
+        ``load_dataset_state`` with a dataset resume each worker where it was.
+        Under ``fleetrun --max_restarts`` the first worker then records
+        ``dirname`` as the checkpoint a restart resumes from (docs/restarts.md);
+        a save without ``dataset``, or a delta, is never recorded.
 
         ``mode`` (PS runtime): 0 base, 1 delta (docs/table_lifecycle.md); executor= ignored.
         """
@@ -436,12 +424,17 @@ class Fleet:
             if dataset is None or self.is_first_worker():
                 self._get_runtime().save_persistables(dirname, extra, kwargs.get("mode", 0))
         elif self.is_first_worker():
-            os.makedirs(dirname, exist_ok=True)
-            _local_persistables("save", dirname, self._target_model(model))
-            from datafeed.source.fs import write_atomically  # pyarrow: not at import trainer
+            from datafeed.source.fs import write_atomically, write_directory_atomically
 
-            for name, data in extra.items():
-                write_atomically(os.path.join(dirname, name), data)
+            def write(folder: str) -> None:
+                _local_persistables("save", folder, self._target_model(model))
+                for name, data in extra.items():
+                    write_atomically(os.path.join(folder, name), data)
+
+            if extra:  # the model and the positions, or neither: else records train twice
+                write_directory_atomically(dirname, write)
+            else:
+                write(dirname)
         # Only a full save with the workers' positions can resume a job: from a
         # delta, or without positions, a restart would lose or repeat records.
         if self.is_first_worker() and dataset is not None and kwargs.get("mode", 0) in (0, "base"):
@@ -631,6 +624,12 @@ def _ps_available() -> bool:
     return True
 
 
+def _checked(strategy: Any) -> DistributedStrategy:
+    if not isinstance(strategy, DistributedStrategy):
+        raise TypeError(f"strategy must be a DistributedStrategy, got {type(strategy).__name__}")
+    return strategy
+
+
 def _local_persistables(action: str, dirname: str, model: Any) -> None:
     import io
 
@@ -647,6 +646,7 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
 
         buffer = io.BytesIO()
         torch.save(model.state_dict(), buffer)
+        os.makedirs(dirname, exist_ok=True)
         write_atomically(path, buffer.getvalue())
     else:
         if not os.path.exists(path):

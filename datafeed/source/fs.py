@@ -30,6 +30,7 @@ import fnmatch
 import functools
 import os
 import shlex
+import shutil
 import stat as stat_module
 import uuid
 from collections.abc import Callable, Sequence
@@ -57,10 +58,13 @@ __all__ = [
     "open_bytes",
     "open_input",
     "read_replaced",
+    "replace_directory",
     "stat",
     "sync_directory",
     "sync_to_disk",
+    "staging_directory",
     "write_atomically",
+    "write_directory_atomically",
     "write_stream_atomically",
 ]
 
@@ -374,6 +378,58 @@ def exchange_paths(first: str, second: str) -> bool:
 @functools.cache
 def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
+
+
+# What replace_directory names the directory it moves aside, after ``staging``.
+SET_ASIDE = ".old"
+
+
+def staging_directory(target: str) -> str:
+    """A new empty local directory beside ``target``, ``.<name>.tmp-<hex>``,
+    to write what then replaces ``target`` (``replace_directory``)."""
+    parent, name = os.path.split(os.path.abspath(target))
+    os.makedirs(parent, exist_ok=True)
+    path = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    os.makedirs(path)
+    return path
+
+
+def write_directory_atomically(target: str, write: Callable[[str], object]) -> None:
+    """Makes the local directory ``target`` whole or not at all: ``write(folder)``
+    fills a staging directory, which is synced and then replaces ``target``
+    (removed if ``write`` or the replacement fails). Each file ``write`` makes
+    must be synced by it (``write_atomically`` does)."""
+    staging = staging_directory(target)
+    try:
+        write(staging)
+        sync_directory(staging)
+        replace_directory(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def replace_directory(staging: str, target: str) -> None:
+    """Moves the complete local directory ``staging`` to ``target``, replacing
+    what is there: in one step where the system swaps paths
+    (``exchange_paths``), else in two renames, the old directory first moved to
+    ``staging + SET_ASIDE`` (put back if the second rename fails; a process
+    killed between them leaves it there). The old directory is then removed,
+    and the rename synced to disk."""
+    if not os.path.exists(target):
+        os.replace(staging, target)
+    elif exchange_paths(staging, target):  # staging now holds the old directory
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        old = staging + SET_ASIDE
+        os.replace(target, old)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            os.replace(old, target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    sync_directory(os.path.dirname(os.path.abspath(target)))
 
 
 def sync_directory(directory: str) -> None:

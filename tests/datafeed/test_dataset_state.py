@@ -313,6 +313,26 @@ def test_save_persistables_checkpoints_model_and_dataset_together(
     fleet.load_persistables(str(tmp_path / "ckpt"), model=restored, dataset=resumed)
     assert torch.equal(restored.weight, model.weight)
     assert seen + [v for b in resumed for v in b["dense"][:, 0].tolist()] == everything
+    # A save that dies between its two files leaves the last checkpoint whole:
+    # never a new model with the old positions.
+    from datafeed.source import fs
+
+    saved = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+    real_write = fs.write_atomically
+
+    def dies_at_the_positions(path, content):
+        if path.endswith("dataset_state.json"):
+            raise OSError("killed")
+        return real_write(path, content)
+
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(fs, "write_atomically", dies_at_the_positions)
+        with pytest.raises(OSError, match="killed"):
+            fleet.save_persistables(str(tmp_path / "ckpt"), model=model, dataset=ds)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == saved
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")) == []
     (tmp_path / "ckpt" / "dataset_state.json").unlink()
     with pytest.raises(FileNotFoundError, match="was saved without a dataset"):
         fleet.load_persistables(str(tmp_path / "ckpt"), model=restored, dataset=resumed)

@@ -378,7 +378,7 @@ def test_replacing_a_recorded_checkpoint_never_leaves_it_missing(tmp_path, monke
     monkeypatch.setattr(os, "replace", real_replace)
     # Elsewhere, two renames; a process that dies between them (here the second
     # fails as a kill would leave it) is restored by the restart's read.
-    monkeypatch.setattr(checkpoint, "exchange_paths", lambda first, second: False)
+    monkeypatch.setattr(fs, "exchange_paths", lambda first, second: False)
     ckpt = str(tmp_path / "ckpt")
 
     def dies_before_the_new_one_is_in(source, target):

@@ -494,7 +494,9 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_committed(tmp_path, 
         events.append(("replace", os.path.abspath(target)))
         return real_replace(source, target, **kwargs)
 
-    real_exchange = checkpoint.exchange_paths
+    from datafeed.source import fs
+
+    real_exchange = fs.exchange_paths
 
     def exchange(first, second):  # a checkpoint replaced in one step
         events.append(("replace", os.path.abspath(second)))
@@ -513,7 +515,7 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_committed(tmp_path, 
             with monkeypatch.context() as patched:
                 patched.setattr(os, "fsync", fsync)
                 patched.setattr(os, "replace", replace)
-                patched.setattr(checkpoint, "exchange_paths", exchange)
+                patched.setattr(fs, "exchange_paths", exchange)
                 runtime.save_persistables(str(tmp_path / name), mode=mode)
             target = str(tmp_path / name)
             committed = events.index(("replace", target))

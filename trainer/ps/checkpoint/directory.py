@@ -45,7 +45,6 @@ import json
 import logging
 import mmap
 import os
-import shutil
 import stat
 import threading
 import uuid
@@ -56,7 +55,13 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from datafeed.source.fs import exchange_paths, sync_directory, write_atomically
+from datafeed.source.fs import (
+    SET_ASIDE,
+    replace_directory,
+    staging_directory,
+    sync_directory,
+    write_atomically,
+)
 
 from ...job.errors import CheckpointError
 from ..tables.describe import describe_value
@@ -146,12 +151,7 @@ def load_file(path: str) -> Any:
 
 def staging_dir(dirname: str) -> str:
     """A fresh temporary directory beside ``dirname`` to write a checkpoint into."""
-    parent = os.path.dirname(os.path.abspath(dirname))
-    os.makedirs(parent, exist_ok=True)
-    name = os.path.basename(os.path.abspath(dirname))
-    path = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(path)
-    return path
+    return staging_directory(dirname)
 
 
 def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
@@ -164,40 +164,25 @@ def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
         json.dumps(meta, indent=1, sort_keys=True).encode(),
     )
     sync_directory(staging)
-    if not os.path.exists(dirname):
-        os.replace(staging, dirname)
-    elif exchange_paths(staging, dirname):  # staging now holds the old checkpoint
-        shutil.rmtree(staging, ignore_errors=True)
-    else:
-        # Two renames: a crash between them leaves dirname missing, and the old
-        # checkpoint as <staging>.old, which restore_interrupted puts back.
-        old = f"{staging}{_REPLACED}"
-        os.replace(dirname, old)
-        try:
-            os.replace(staging, dirname)
-        except OSError:
-            os.replace(old, dirname)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    sync_directory(os.path.dirname(os.path.abspath(dirname)))
-
-
-_REPLACED = ".old"
+    # A crash between replace_directory's two renames, where the system cannot
+    # swap, leaves the old checkpoint aside for restore_interrupted.
+    replace_directory(staging, dirname)
 
 
 def restore_interrupted(dirname: str) -> bool:
     """Puts back the checkpoint that a replacement of ``dirname`` in two renames
-    moved aside, when the process died between them (``commit``); the newest
-    such when there are several. Returns whether one was put back."""
+    moved aside, when the process died between them (``commit``, or a local
+    save with a dataset); the newest such when there are several. Returns
+    whether one was put back."""
     if os.path.exists(dirname):
         return False
     parent, name = os.path.split(os.path.abspath(dirname))
-    pattern = os.path.join(glob.escape(parent), f".{glob.escape(name)}.tmp-*{_REPLACED}")
-    moved = [path for path in glob.glob(pattern)
-             if os.path.isfile(os.path.join(path, "meta.json"))]
+    # Only a committed checkpoint is ever set aside: any such folder is whole.
+    pattern = os.path.join(glob.escape(parent), f".{glob.escape(name)}.tmp-*{SET_ASIDE}")
+    moved = [path for path in glob.glob(pattern) if os.path.isdir(path)]
     if not moved:
         return False
-    newest = max(moved, key=lambda path: os.stat(os.path.join(path, "meta.json")).st_mtime_ns)
+    newest = max(moved, key=lambda path: os.stat(path).st_mtime_ns)
     os.replace(newest, dirname)
     sync_directory(parent)
     log.warning("%s: put back the checkpoint that an interrupted replacement had moved "
