@@ -22,6 +22,22 @@ def dataset(files, **settings) -> InMemoryDataset:
     return ds
 
 
+def rewrite_metadata(path: Path, change) -> None:
+    """The cache at ``path`` with its fleetfeed metadata passed through
+    ``change`` (which edits the dict in place), its batches as they were."""
+    import json
+
+    original = pa.ipc.open_file(str(path))
+    meta = json.loads(original.schema.metadata[b"fleetfeed.cache"])
+    change(meta)
+    schema = original.schema.with_metadata({b"fleetfeed.cache": json.dumps(meta).encode()})
+    batches = [original.get_batch(i) for i in range(original.num_record_batches)]
+    with pa.ipc.new_file(str(path) + ".new", schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    os.replace(str(path) + ".new", path)
+
+
 @pytest.fixture
 def files(tmp_path: Path) -> list[str]:
     return write_small_files(tmp_path, files=3, per_file=7)
@@ -92,17 +108,7 @@ def test_a_cache_made_by_another_reader_is_refused(tmp_path, files):
             dataset(files, **settings).load_cache(path)
     dataset(files, pipe_command="cat").load_cache(path)  # the same reader: loaded
     # A cache written before the reader settings were recorded cannot be trusted.
-    import json
-
-    original = pa.ipc.open_file(str(path))
-    meta = json.loads(original.schema.metadata[b"fleetfeed.cache"])
-    del meta["reader"]
-    schema = original.schema.with_metadata({b"fleetfeed.cache": json.dumps(meta).encode()})
-    batches = [original.get_batch(i) for i in range(original.num_record_batches)]
-    with pa.ipc.new_file(str(path) + ".new", schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    os.replace(str(path) + ".new", path)
+    rewrite_metadata(path, lambda meta: meta.pop("reader"))
     with pytest.raises(CacheError, match="does not record the reader settings"):
         dataset(files, pipe_command="cat").load_cache(path)
 
@@ -268,21 +274,11 @@ def test_buffers_outside_the_file_are_refused(tmp_path, files):
     ],
 )
 def test_malformed_metadata_is_a_cache_error(tmp_path, files, change, says):
-    import json
-
     source = dataset(files)
     source.load_into_memory()
     path = tmp_path / "records.arrow"
     source.save_cache(str(path))
-    original = pa.ipc.open_file(str(path))
-    meta = json.loads(original.schema.metadata[b"fleetfeed.cache"])
-    change(meta)
-    schema = original.schema.with_metadata({b"fleetfeed.cache": json.dumps(meta).encode()})
-    batches = [original.get_batch(i) for i in range(original.num_record_batches)]
-    with pa.ipc.new_file(str(path) + ".new", schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    os.replace(str(path) + ".new", path)
+    rewrite_metadata(path, change)
     with pytest.raises(CacheError, match="is corrupt") as refused:
         dataset([]).load_cache(str(path))
     assert says in str(refused.value) and str(path) in str(refused.value)

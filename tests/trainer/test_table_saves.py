@@ -320,10 +320,7 @@ def test_paddle_modes_and_the_delta_chain(tmp_path):
         "base", "delta", "base", "delta"]
     with pytest.raises(ValueError, match="xbox base"):
         checkpoint.save_kind(2)
-    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "chain"),
-                                 "out": torch.nn.Linear(DIM, 1)})
-    runtime = ParameterServerRuntime(ClusterRole.local(), None)
-    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    model, runtime = local_job("chain")
     try:
         with pytest.raises(CheckpointError, match="save a base"):
             runtime.save_persistables(str(tmp_path / "d0"), mode=1)
@@ -352,10 +349,7 @@ def test_a_checkpoint_between_deltas_leaves_the_chain_whole(tmp_path):
     # The online loop's order: each pass saves its delta, then a whole
     # checkpoint to restart from. Nothing changes between the two, so the next
     # delta follows both, and serving loads the base and every delta in order.
-    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "chain"),
-                                 "out": torch.nn.Linear(DIM, 1)})
-    runtime = ParameterServerRuntime(ClusterRole.local(), None)
-    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    model, runtime = local_job("chain")
 
     def meta(name: str) -> dict:
         return checkpoint.read_meta(str(tmp_path / name))
@@ -405,10 +399,7 @@ def test_a_checkpoint_between_deltas_leaves_the_chain_whole(tmp_path):
 def test_a_failed_save_leaves_the_state_unknown(tmp_path, monkeypatch, caplog):
     # A save that did not commit has marked its rows saved: the next save must
     # not claim the state of the save before it, nor a delta follow that one.
-    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "chain"),
-                                 "out": torch.nn.Linear(DIM, 1)})
-    runtime = ParameterServerRuntime(ClusterRole.local(), None)
-    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    model, runtime = local_job("chain")
     try:
         model["emb"](torch.tensor([[1, 2]]))
         runtime.save_persistables(str(tmp_path / "base"), mode=0)
@@ -441,10 +432,7 @@ def test_a_failed_save_leaves_the_state_unknown(tmp_path, monkeypatch, caplog):
 def test_a_base_replaces_the_rows_and_a_delta_over_unknown_rows_is_not_claimed(
     tmp_path, caplog
 ):
-    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "kept"),
-                                 "out": torch.nn.Linear(DIM, 1)})
-    runtime = ParameterServerRuntime(ClusterRole.local(), None)
-    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    model, runtime = local_job("kept")
     try:
         model["emb"](torch.tensor([[1, 2]]))
         runtime.save_persistables(str(tmp_path / "base"), mode=0)
@@ -502,10 +490,7 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_committed(tmp_path, 
         events.append(("replace", os.path.abspath(second)))
         return real_exchange(first, second)
 
-    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, "durable"),
-                                 "out": torch.nn.Linear(DIM, 1)})
-    runtime = ParameterServerRuntime(ClusterRole.local(), None)
-    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    model, runtime = local_job("durable")
     try:
         model["emb"](torch.tensor([[1, 2, 3]]))
         runtime.save_persistables(str(tmp_path / "base"), mode=0)
@@ -537,6 +522,15 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_committed(tmp_path, 
     finally:
         stores.local_store().clear()
         pending.clear_pending()
+
+
+def local_job(table: str) -> tuple[torch.nn.ModuleDict, ParameterServerRuntime]:
+    """A model with one SparseEmbedding table and its local runtime (Adagrad)."""
+    model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, table),
+                                 "out": torch.nn.Linear(DIM, 1)})
+    runtime = ParameterServerRuntime(ClusterRole.local(), None)
+    runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    return model, runtime
 
 
 def runtime_tables() -> dict[str, dict[int, list[float]]]:
