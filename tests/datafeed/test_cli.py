@@ -415,7 +415,8 @@ def test_convert_to_a_cache_that_load_cache_reads(tmp_path: Path, bad_file: Path
         "--on-bad-line", "skip",
     )
     dataset = InMemoryDataset()
-    dataset.init(use_var=parse_slots(out / "slots.txt"))
+    # The reader settings of the conversion: the cache records them.
+    dataset.init(use_var=parse_slots(out / "slots.txt"), on_bad_line="skip")
     dataset.set_filelist([str(bad_file)])
     dataset.load_cache(out / "data.arrow")
     assert dataset.stats().records == 18 and dataset.stats().skipped_lines == 12
