@@ -403,9 +403,9 @@ class Fleet:
         checkpoints the whole job: every worker must then make it; each first
         sends what it has not sent to the servers (GEO: its pending deltas),
         their datasets' ``state_dict()`` are gathered to the first worker, which
-        writes them to ``dirname/dataset_state.json`` in the same atomic
-        checkpoint as the model (a folder that replaces ``dirname``), and no
-        worker returns before it is complete. ``load_persistables`` /
+        writes them to ``dirname/dataset_state.json`` (PS: in the same atomic
+        checkpoint as the model; else naming ``model.pt``'s digest, so that a
+        torn pair is refused), and no worker returns before it is complete. ``load_persistables`` /
         ``load_dataset_state`` with a dataset resume each worker where it was.
         Under ``fleetrun --max_restarts`` the first worker then records
         ``dirname`` as the checkpoint a restart resumes from (docs/restarts.md);
@@ -414,27 +414,19 @@ class Fleet:
         ``mode`` (PS runtime): 0 base, 1 delta (docs/table_lifecycle.md); executor= ignored.
         """
         _ignore_paddle_kwargs("save_persistables", kwargs)
-        extra = {}
+        states = None
         if dataset is not None:
             if self._ps_mode:  # the checkpoint holds every update of the batches counted
                 self._get_runtime().training.flush()
             states = self._gather_dataset_states(dataset)
-            extra[DATASET_STATE_FILE] = json.dumps({"workers": states}).encode()
         if self._ps_mode or (self._runtime is not None and model is None):
             if dataset is None or self.is_first_worker():
+                from datafeed.iterate.state import worker_states_file
+
+                extra = {} if states is None else {DATASET_STATE_FILE: worker_states_file(states)}
                 self._get_runtime().save_persistables(dirname, extra, kwargs.get("mode", 0))
         elif self.is_first_worker():
-            from datafeed.source.fs import write_atomically, write_directory_atomically
-
-            def write(folder: str) -> None:
-                _local_persistables("save", folder, self._target_model(model))
-                for name, data in extra.items():
-                    write_atomically(os.path.join(folder, name), data)
-
-            if extra:  # the model and the positions, or neither: else records train twice
-                write_directory_atomically(dirname, write)
-            else:
-                write(dirname)
+            _local_persistables("save", dirname, self._target_model(model), states)
         # Only a full save with the workers' positions can resume a job: from a
         # delta, or without positions, a restart would lose or repeat records.
         if self.is_first_worker() and dataset is not None and kwargs.get("mode", 0) in (0, "base"):
@@ -527,7 +519,8 @@ class Fleet:
             )
         from datafeed.iterate.state import read_worker_states
 
-        states = read_worker_states(path)
+        model_path = os.path.join(dirname, "model.pt")  # a local checkpoint's model
+        states = read_worker_states(path, model_path if os.path.exists(model_path) else None)
         if len(states) != self.worker_num():
             raise ValueError(
                 f"worker {self.worker_index()}: {path} holds the dataset states of "
@@ -630,7 +623,9 @@ def _checked(strategy: Any) -> DistributedStrategy:
     return strategy
 
 
-def _local_persistables(action: str, dirname: str, model: Any) -> None:
+def _local_persistables(
+    action: str, dirname: str, model: Any, states: list[Any] | None = None
+) -> None:
     import io
 
     import torch
@@ -642,11 +637,15 @@ def _local_persistables(action: str, dirname: str, model: Any) -> None:
             "or give it to fleet.distributed_model first"
         )
     if action == "save":
+        from datafeed.iterate.state import worker_states_file
         from datafeed.source.fs import write_atomically  # pyarrow: not at import trainer
 
         buffer = io.BytesIO()
         torch.save(model.state_dict(), buffer)
         os.makedirs(dirname, exist_ok=True)
+        if states is not None:  # the positions name the model: a torn pair is refused
+            write_atomically(os.path.join(dirname, DATASET_STATE_FILE),
+                             worker_states_file(states, buffer.getvalue()))
         write_atomically(path, buffer.getvalue())
     else:
         if not os.path.exists(path):

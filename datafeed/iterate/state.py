@@ -19,6 +19,7 @@ with their values (it never reads a dataset).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from typing import Any
@@ -466,13 +467,24 @@ def _check_tasks(tasks: Any, files: int) -> None:
 # -- the states saved beside a checkpoint ----------------------------------------------
 
 
-def read_worker_states(path: str) -> list[Any]:
-    """The per-worker dataset states in ``path``, a JSON file ``{"workers":
-    [state, ...]}`` (as ``fleet.save_persistables(dataset=...)`` writes it).
+def worker_states_file(states: list[Any], model: bytes | None = None) -> bytes:
+    """What ``fleet.save_persistables(dataset=...)`` writes beside a checkpoint:
+    ``{"workers": [state, ...]}``, and (``model``: the bytes of the model file
+    saved beside it, a local checkpoint) their SHA-256, so that a load can tell
+    positions left by another save (one that died between the two files)."""
+    saved: dict[str, Any] = {"workers": states}
+    if model is not None:
+        saved["model_sha256"] = hashlib.sha256(model).hexdigest()
+    return json.dumps(saved).encode()
+
+
+def read_worker_states(path: str, model_path: str | None = None) -> list[Any]:
+    """The per-worker dataset states in ``path`` (``worker_states_file``).
     Each state is checked when a dataset loads it.
 
     Raises:
-        StateError: not such a JSON file.
+        StateError: not such a JSON file, or (``model_path``: the model file
+            beside it) the states were saved with another model.
     """
     try:
         with open(path, encoding="utf-8") as source:
@@ -493,6 +505,16 @@ def read_worker_states(path: str) -> list[Any]:
             f"{path}: expected 'workers' a list of states, one per worker, found "
             f"{type(saved['workers']).__name__}"
         )
+    wanted = saved.get("model_sha256")
+    if wanted is not None and model_path is not None:
+        with open(model_path, "rb") as model:
+            found = hashlib.sha256(model.read()).hexdigest()
+        if found != wanted:
+            raise StateError(
+                f"{path}: these positions were saved with another {model_path} (a save "
+                "died between the two files): resuming would train records twice or "
+                "skip them; resume from an earlier checkpoint"
+            )
     return saved["workers"]
 
 

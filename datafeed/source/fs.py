@@ -64,7 +64,6 @@ __all__ = [
     "sync_to_disk",
     "staging_directory",
     "write_atomically",
-    "write_directory_atomically",
     "write_stream_atomically",
 ]
 
@@ -392,21 +391,6 @@ def staging_directory(target: str) -> str:
     path = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
     os.makedirs(path)
     return path
-
-
-def write_directory_atomically(target: str, write: Callable[[str], object]) -> None:
-    """Makes the local directory ``target`` whole or not at all: ``write(folder)``
-    fills a staging directory, which is synced and then replaces ``target``
-    (removed if ``write`` or the replacement fails). Each file ``write`` makes
-    must be synced by it (``write_atomically`` does)."""
-    staging = staging_directory(target)
-    try:
-        write(staging)
-        sync_directory(staging)
-        replace_directory(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def replace_directory(staging: str, target: str) -> None:

@@ -313,26 +313,32 @@ def test_save_persistables_checkpoints_model_and_dataset_together(
     fleet.load_persistables(str(tmp_path / "ckpt"), model=restored, dataset=resumed)
     assert torch.equal(restored.weight, model.weight)
     assert seen + [v for b in resumed for v in b["dense"][:, 0].tolist()] == everything
-    # A save that dies between its two files leaves the last checkpoint whole:
-    # never a new model with the old positions.
+    # A save that dies between its two files (the positions first, then the
+    # model) leaves positions that name another model: refused, never paired.
+    from datafeed import StateError
     from datafeed.source import fs
 
-    saved = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+    (tmp_path / "ckpt" / "notes.txt").write_text("mine")  # the user's: kept
     real_write = fs.write_atomically
 
-    def dies_at_the_positions(path, content):
-        if path.endswith("dataset_state.json"):
+    def dies_at_the_model(path, content):
+        if path.endswith("model.pt"):
             raise OSError("killed")
         return real_write(path, content)
 
     with torch.no_grad():
         model.weight.add_(1.0)
     with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(fs, "write_atomically", dies_at_the_positions)
+        patched.setattr(fs, "write_atomically", dies_at_the_model)
         with pytest.raises(OSError, match="killed"):
             fleet.save_persistables(str(tmp_path / "ckpt"), model=model, dataset=ds)
-    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == saved
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")) == []
+    with pytest.raises(StateError, match=r"saved with another .*model.pt \(a save died"):
+        fleet.load_persistables(str(tmp_path / "ckpt"), model=restored, dataset=_queue(
+            small_files, 1))
+    fleet.save_persistables(str(tmp_path / "ckpt"), model=model, dataset=ds)  # whole again
+    fleet.load_persistables(str(tmp_path / "ckpt"), model=restored, dataset=_queue(
+        small_files, 1))
+    assert (tmp_path / "ckpt" / "notes.txt").read_text() == "mine"
     (tmp_path / "ckpt" / "dataset_state.json").unlink()
     with pytest.raises(FileNotFoundError, match="was saved without a dataset"):
         fleet.load_persistables(str(tmp_path / "ckpt"), model=restored, dataset=resumed)
