@@ -116,6 +116,12 @@ def test_after_a_reload_a_geo_worker_trains_on_the_servers_rows(local_store_afte
     pending.clear_pending()
     mode.flush()  # nothing changed locally: the servers' row stays as it is
     assert table.pull(seven, create=False).numpy()[0].tolist() == servers_row.tolist()
+    # The copy keeps only the rows trained since it was made, as a cleared
+    # one would: the worker's memory and each reload stay about one pass.
+    local = mode.store.local["geo_reload_t"]
+    assert len(local) == 1
+    mode.reloaded()  # nothing trained since the last reload: nothing kept
+    assert len(mode.store.local["geo_reload_t"]) == 0
 
 
 def test_a_geo_flush_leaves_the_worker_at_the_servers_dense_values_exactly(local_store_after):

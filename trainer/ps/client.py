@@ -286,7 +286,8 @@ def shard_dense(
 class _GeoTable:
     """One table's local copy on a GEO worker: the rows as trained here and,
     aligned by row number, ``base`` (the rows as of the last sync), ``ids``
-    (each row's id) and ``touched`` (trained since the last sync)."""
+    (each row's id), ``touched`` (trained since the last sync) and ``used``
+    (trained since the copy was made: what a reload keeps)."""
 
     def __init__(self, config: TableConfig, table: SparseTable) -> None:
         if table.entry is not None or table.max_rows is not None:
@@ -302,6 +303,7 @@ class _GeoTable:
         self.base = np.zeros((0, table.dim), dtype=np.float32)
         self.ids = np.zeros(0, dtype=np.uint64)
         self.touched = np.zeros(0, dtype=bool)
+        self.used = np.zeros(0, dtype=bool)
 
     def add_rows(self, before: int, ids: np.ndarray, rows: np.ndarray) -> None:
         """Notes the rows created since the table had ``before``: those of
@@ -318,6 +320,7 @@ class _GeoTable:
             self.base = _grown(self.base, size)
             self.ids = _grown(self.ids, size)
             self.touched = _grown(self.touched, size)
+            self.used = _grown(self.used, size)
         self.base[before:after] = self.table.read_rows(np.arange(before, after))
         self.ids[before:after] = new_ids
 
@@ -418,6 +421,7 @@ class GeoStore:
             with self._lock:
                 for name, pulled in pushed.items():
                     tables[name].touched[pulled.rows] = True
+                    tables[name].used[pulled.rows] = True
         if rest:
             self.apply(merge_gradients(rest))
 
@@ -429,6 +433,7 @@ class GeoStore:
             geo.table.push_rows(rows, grads)
             with self._lock:
                 geo.touched[rows] = True
+                geo.used[rows] = True
 
     def deltas(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
         """Per table: the rows trained since the last sync and their change.
@@ -453,27 +458,29 @@ class GeoStore:
             self._tables.clear()
 
     def reload(self, chunk: int = 1 << 20) -> None:
-        """Reads every local row again from the servers (after they loaded a
-        checkpoint, or to catch up with the other workers): each row and its
-        base become the servers' value, and nothing is left to send. Without
-        it the rows would start over from their initial values, which the
-        servers' rows no longer are. One pull of ``chunk`` ids at a time."""
+        """Makes the copy again from the servers (after they loaded a
+        checkpoint, or to catch up with the other workers): the rows trained
+        since the copy was made, each and its base at the servers' value, and
+        nothing to send; the rest is dropped, so the copy holds about one
+        pass's rows, as a cleared one would. Without it, the rows would start
+        over from their initial values, which the servers' no longer are. One
+        pull of ``chunk`` ids at a time. Not while this worker trains."""
         with self._lock:
-            tables = list(self._tables.values())
-        for geo in tables:
-            rows = len(geo.table)
-            for start in range(0, rows, chunk):
-                numbers = np.arange(start, min(start + chunk, rows), dtype=np.int64)
-                values = _as_rows(self.remote._fetch(
-                    (geo.config,), _int64(geo.ids[numbers]), False)[0])
+            old = dict(self._tables)
+            self._tables.clear()  # pulls its threads kept die with the old tables
+        for geo in old.values():
+            kept = geo.ids[np.flatnonzero(geo.used[: len(geo.table)])]
+            fresh = self._geo(geo.config)
+            for start in range(0, kept.shape[0], chunk):
+                ids = kept[start : start + chunk]
+                values = _as_rows(self.remote._fetch((geo.config,), _int64(ids), False)[0])
+                numbers = self._create(fresh, ids)
                 with self._lock:
-                    # Two merges (row += merged - base) set each row and its base
-                    # to the servers' value exactly, an unsent change dropped:
-                    # from base = row to 0 (x + (0 - x) is 0), then from 0.
-                    geo.base[numbers] = geo.table.read_rows(numbers)
-                    geo.table.merge_rows(geo.base, numbers, np.zeros_like(values))
-                    geo.table.merge_rows(geo.base, numbers, values)
-                    geo.touched[numbers] = False
+                    # Two merges (row += merged - base, base = the row now) set
+                    # each row and its base to the servers' value exactly: to 0
+                    # first (x + (0 - x) is 0), then from 0.
+                    fresh.table.merge_rows(fresh.base, numbers, np.zeros_like(values))
+                    fresh.table.merge_rows(fresh.base, numbers, values)
 
     def merge(self, name: str, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Takes the servers' merged values of rows sent by ``deltas()``: they
