@@ -126,7 +126,8 @@ def read_record(path: str) -> dict[str, Any] | None:
     if not os.path.isfile(meta):
         raise CheckpointError(
             f"{path} records the checkpoint {entry['checkpoint']}, but {meta} does not exist "
-            "(removed?)",
+            "and no copy set aside by an interrupted save (.<name>.tmp-*.old) was found "
+            "beside it: it was removed",
             path=path,
         )
     return entry
