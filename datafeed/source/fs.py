@@ -15,7 +15,7 @@ A remote file is streamed into the pipe command's standard input by a feeder
 thread (datafeed/source/process.py), never copied to local disk first; a ``.gz`` file
 is streamed compressed into ``gzip -dc``. The file name never reaches a shell.
 
-A local file name is whatever bytes the OS holds (Python's ``\udcff`` for a
+A local file name is whatever bytes the OS holds (Python's ``\\udcff`` for a
 byte that is not UTF-8) and is opened as such, also by a download command;
 pyarrow's filesystems take UTF-8 names only, so such a name given to one is a
 ``SchemaError`` that names the file, not a ``UnicodeEncodeError``.
