@@ -566,7 +566,9 @@ def test_collections_during_a_load_leave_the_callers_objects_alone(
     ds = InMemoryDataset()
     ds.init(batch_size=4, use_var=SMALL_SCHEMA, thread_num=2)
     ds.set_filelist(files)
-    assert gc.get_freeze_count() == 0
+    from datafeed.records import memory
+
+    assert gc.get_freeze_count() <= memory._FROZEN_AT_START  # Python 3.12 starts with some
     threshold = gc.get_threshold()
     gc.callbacks.append(record)
     gc.set_threshold(1)
