@@ -359,7 +359,7 @@ class Fleet:
             if self.role.is_collective:
                 logger.warning("the strategy given to distributed_optimizer replaces init()'s")
             self._strategy = strategy
-        if self._ps_mode or (not self.role.is_collective and _ps_available()):  # or local
+        if self._ps_mode or (not self.role.is_collective and _ps_available()):  # PS or local
             wrapped = self._get_runtime().distributed_optimizer(optimizer, model)
         elif self.role.is_collective and self.role.distributed:
             # Paddle's minimize() inserts the gradient all-reduce: so does this
@@ -405,8 +405,9 @@ class Fleet:
         their datasets' ``state_dict()`` are gathered to the first worker, which
         writes them to ``dirname/dataset_state.json`` (PS: in the same atomic
         checkpoint as the model; else naming ``model.pt``'s digest, so that a
-        torn pair is refused), and no worker returns before it is complete. ``load_persistables`` /
-        ``load_dataset_state`` with a dataset resume each worker where it was.
+        torn pair is refused), and no worker returns before it is complete.
+        ``load_persistables`` / ``load_dataset_state`` with a dataset resume
+        each worker where it was.
         Under ``fleetrun --max_restarts`` the first worker then records
         ``dirname`` as the checkpoint a restart resumes from (docs/restarts.md);
         a save without ``dataset``, or a delta, is never recorded.

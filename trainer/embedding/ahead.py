@@ -24,9 +24,10 @@ up to ``depth`` steps of its thread before its forward, so it may miss the
 pushes of the steps in between, and those of the thread's earlier steps still
 in flight then: up to ``depth`` plus ``pushes_in_flight`` of the thread's own
 steps (with no pull ahead, the pushes in flight alone; async mode's arrival
-order already allows a worker's rows to miss other workers' pushes). The thread keeps up to as many
-pushes in flight (``thread_depth``; bounded by ``pushes_in_flight`` in
-trainer/ps/modes.py, since those let the dense parameters lag). ``depth`` is set
+order already allows a worker's rows to miss other workers' pushes). The
+thread keeps up to as many pushes in flight (``thread_depth``; bounded by
+``pushes_in_flight`` in trainer/ps/modes.py, since those let the dense
+parameters lag). ``depth`` is set
 (``a_sync_configs["pull_ahead"]``) or, by default, follows the waits measured:
 every 8 batches it goes deeper while forwards and steps still wait for the
 servers, back where going deeper did not cut those waits as a round trip

@@ -171,9 +171,8 @@ def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
 
 def restore_interrupted(dirname: str) -> bool:
     """Puts back the checkpoint that a replacement of ``dirname`` in two renames
-    moved aside, when the process died between them (``commit``, or a local
-    save with a dataset); the newest such when there are several. Returns
-    whether one was put back."""
+    moved aside, when the process died between them (``commit``); the newest
+    such when there are several. Returns whether one was put back."""
     if os.path.exists(dirname):
         return False
     parent, name = os.path.split(os.path.abspath(dirname))
