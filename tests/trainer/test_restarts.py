@@ -343,11 +343,11 @@ def test_replacing_a_recorded_checkpoint_never_leaves_it_missing(tmp_path, monke
 
     def save(tag: str) -> None:
         staging = checkpoint.staging_dir(str(tmp_path / "ckpt"))
-        (Path(staging) / "weights").write_text(tag)
+        (Path(staging) / "dense.shard0.pt").write_text(tag)
         checkpoint.commit(staging, str(tmp_path / "ckpt"), {"save": tag})
 
     def saved() -> str:
-        return (tmp_path / "ckpt" / "weights").read_text()
+        return (tmp_path / "ckpt" / "dense.shard0.pt").read_text()
 
     path = tmp_path / restart.RECORD_FILE
     monkeypatch.setenv(restart.CHECKPOINT_RECORD_ENV, str(path))

@@ -524,6 +524,46 @@ def test_every_file_of_a_checkpoint_is_on_disk_before_it_is_committed(tmp_path, 
         pending.clear_pending()
 
 
+def test_a_save_never_deletes_what_is_not_a_checkpoint(tmp_path):
+    """A save replaces its directory whole: one that holds anything but a
+    checkpoint's files is refused, before any work and again at the commit,
+    and left as it was."""
+    model, runtime = local_job("guarded")
+    try:
+        model["emb"](torch.tensor([[1, 2, 3]]))
+        saved = tmp_path / "ckpt"
+        runtime.save_persistables(str(saved), {"dataset_state.json": b"{}"})
+        own = tmp_path / "output"
+        own.mkdir()
+        (own / "notes.txt").write_text("mine")
+        (own / "logs").mkdir()
+        with pytest.raises(CheckpointError, match=r"2 entries .*'logs/', 'notes.txt'"):
+            runtime.save_persistables(str(own))
+        assert sorted(p.name for p in own.iterdir()) == ["logs", "notes.txt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "output"]  # no staging
+        # Refused before anything was written: the next delta still follows the base.
+        runtime.save_persistables(str(tmp_path / "delta"), mode=1)
+        assert json.loads((tmp_path / "delta" / "meta.json").read_text())["kind"] == "delta"
+        a_file = tmp_path / "a_file"
+        a_file.write_text("mine")
+        with pytest.raises(CheckpointError, match="expected a directory.*found a file"):
+            runtime.save_persistables(str(a_file))
+        assert a_file.read_text() == "mine"
+        # A checkpoint (with the workers' positions, which fleet adds) is replaced.
+        runtime.save_persistables(str(saved))
+        assert "dataset_state.json" not in {p.name for p in saved.iterdir()}
+        # A file that appears while a save writes is found at the commit.
+        staging = checkpoint.staging_dir(str(saved))
+        (saved / "model.pt").write_bytes(b"a local save")
+        with pytest.raises(CheckpointError, match="'model.pt'"):
+            checkpoint.commit(staging, str(saved), {"save": "late"})
+        assert (saved / "model.pt").read_bytes() == b"a local save"
+        assert json.loads((saved / "meta.json").read_text())["kind"] == "base"
+    finally:
+        stores.local_store().clear()
+        pending.clear_pending()
+
+
 def local_job(table: str) -> tuple[torch.nn.ModuleDict, ParameterServerRuntime]:
     """A model with one SparseEmbedding table and its local runtime (Adagrad)."""
     model = torch.nn.ModuleDict({"emb": SparseEmbedding(DIM, table),

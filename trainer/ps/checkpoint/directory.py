@@ -45,6 +45,7 @@ import json
 import logging
 import mmap
 import os
+import re
 import stat
 import threading
 import uuid
@@ -149,14 +150,59 @@ def load_file(path: str) -> Any:
         ) from error
 
 
+# The names of a checkpoint's files (and the workers' positions that
+# fleet.save_persistables(dataset=) adds, trainer/fleet.py's DATASET_STATE_FILE).
+_CHECKPOINT_FILE = re.compile(
+    r"meta\.json|dataset_state\.json|dense\.shard\d+\.pt|sparse\..+\.shard\d+(\.dropped)?\.(arrow|pt)"
+)
+
+
+def check_replaceable(dirname: str, new_files: Sequence[str] = ()) -> None:
+    """Raises unless a checkpoint may be saved to ``dirname``: absent, or a
+    directory that holds nothing but a checkpoint's files (or ``new_files``,
+    names the new checkpoint holds). A save replaces its directory whole, so
+    anything else there (the user's own files, a local ``model.pt``, the
+    folder a job runs in) would be deleted without a word.
+
+    Raises:
+        CheckpointError: ``dirname`` is a file, or holds other entries (named).
+    """
+    try:
+        entries = list(os.scandir(dirname))
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise CheckpointError(
+            f"{dirname}: expected a directory to save a checkpoint to, found a file", path=dirname
+        ) from None
+    foreign = sorted(
+        entry.name + ("/" if entry.is_dir(follow_symlinks=False) else "")
+        for entry in entries
+        if entry.is_dir(follow_symlinks=False)
+        or not (_CHECKPOINT_FILE.fullmatch(entry.name) or entry.name in new_files)
+    )
+    if foreign:
+        shown = ", ".join(repr(name) for name in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise CheckpointError(
+            f"{dirname}: a checkpoint replaces its directory whole, and this one holds "
+            f"{len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} that a checkpoint "
+            f"does not ({shown}{more}); save to a new or empty directory, or move them out",
+            path=dirname,
+        )
+
+
 def staging_dir(dirname: str) -> str:
-    """A fresh temporary directory beside ``dirname`` to write a checkpoint into."""
+    """A fresh temporary directory beside ``dirname`` to write a checkpoint into
+    (``CheckpointError`` first when ``dirname`` may not be replaced:
+    ``check_replaceable``)."""
+    check_replaceable(dirname)
     return staging_directory(dirname)
 
 
 def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
     """Writes meta.json into ``staging`` and moves it to ``dirname`` (replacing
-    it). Every file of the checkpoint is on disk before (its writers synced
+    it, if ``check_replaceable`` allows). Every file of the checkpoint is on disk before (its writers synced
     theirs; meta.json and the folder here), and the rename is after: a done
     file that lists it after a power loss finds it whole."""
     write_atomically(
@@ -164,6 +210,8 @@ def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
         json.dumps(meta, indent=1, sort_keys=True).encode(),
     )
     sync_directory(staging)
+    # Checked again: files may have appeared while the checkpoint was written.
+    check_replaceable(dirname, os.listdir(staging))
     # A crash between replace_directory's two renames, where the system cannot
     # swap, leaves the old checkpoint aside for restore_interrupted.
     replace_directory(staging, dirname)
