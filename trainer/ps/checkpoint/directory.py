@@ -202,9 +202,10 @@ def staging_dir(dirname: str) -> str:
 
 def commit(staging: str, dirname: str, meta: dict[str, Any]) -> None:
     """Writes meta.json into ``staging`` and moves it to ``dirname`` (replacing
-    it, if ``check_replaceable`` allows). Every file of the checkpoint is on disk before (its writers synced
-    theirs; meta.json and the folder here), and the rename is after: a done
-    file that lists it after a power loss finds it whole."""
+    it, if ``check_replaceable`` allows). Every file of the checkpoint is on
+    disk before (its writers synced theirs; meta.json and the folder here),
+    and the rename is after: a done file that lists it after a power loss
+    finds it whole."""
     write_atomically(
         os.path.join(staging, "meta.json"),
         json.dumps(meta, indent=1, sort_keys=True).encode(),
