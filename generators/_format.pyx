@@ -413,6 +413,8 @@ def run_generator(object lines, object generate_sample, object generate_batch,
         SampleError: A sample is not valid; a note names the input line.
         Exception: Whatever ``generate_sample`` or ``generate_batch`` raised,
             with the same note; an error of ``write`` has none.
+        SystemExit: the user's code called ``sys.exit``; the samples
+            formatted before it are written first, as Paddle's were.
     """
     cdef Py_ssize_t line_number = 0
     cdef list batch = []
@@ -442,6 +444,16 @@ def run_generator(object lines, object generate_sample, object generate_batch,
                     writing = False
         if batch:
             _emit_batch(formatter, gen_str, generate_batch, batch)
+    except SystemExit as error:
+        # sys.exit() in the user's code: Paddle's generator has written its
+        # samples as it went, and the interpreter flushes them at the exit, so
+        # the reader gets them; so does it here (not a batch still filling,
+        # which Paddle never wrote either).
+        if not writing:
+            note_input_line(error, line_number, line, batching)
+            if formatter._size:
+                write(formatter.take())
+        raise
     except Exception as error:
         # The user's own errors too: under a pipe command the traceback on
         # stderr is all the loader sees, and the note (its last line) is the

@@ -332,11 +332,13 @@ def run_samples(object lines, object generate_sample, ColumnBuilder builder,
     number)``. ``flush()`` is called whenever ``chunk_rows`` rows are pending.
 
     Returns:
-        ``(input lines, samples)``.
+        ``(input lines, samples)``; ``sys.exit(0)`` in ``generate_sample``
+        ends them where it is called, as it ends a generator process's output.
 
     Raises:
         Whatever ``generate_sample`` or ``slow`` raises, with a note naming
-        the input line and ``where`` (the file).
+        the input line and ``where`` (the file); a ``SystemExit`` of another
+        status too.
     """
     cdef Py_ssize_t line_number = 0
     cdef long long number = 0
@@ -352,7 +354,26 @@ def run_samples(object lines, object generate_sample, ColumnBuilder builder,
                     slow(sample, number)
                 if builder.nrows >= chunk_rows:
                     flush()
+    except SystemExit as error:
+        # A generator process that calls sys.exit(0) ends its output there,
+        # after the samples it wrote: the file's samples end here too.
+        if exit_status(error) == 0:
+            return line_number, number
+        _note_input_line(error, where, line_number, line)
+        raise
     except Exception as error:
         _note_input_line(error, where, line_number, line)
         raise
     return line_number, number
+
+
+def exit_status(error):
+    """The exit status of a process that ends with ``error`` (a ``SystemExit``),
+    as the interpreter sets it: ``sys.exit()`` 0, ``sys.exit(n)`` n, any
+    other value (a message) 1."""
+    code = error.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code)
+    return 1

@@ -22,6 +22,10 @@ The records, the errors and the accounting are the pipe path's:
   re-raised in the loading process as itself, with notes naming the file and
   the input line and the worker's traceback (the pipe path can only report a
   ``ReaderError`` with the generator's stderr);
+* ``sys.exit()`` or ``sys.exit(0)`` in the generator ends the file's samples
+  where it is called, as it ends a generator process's output; another status
+  is a ``ReaderError`` naming the file and the input line, as a pipe command
+  that exits with it;
 * ``stats()`` counts lines (samples), records and skips per file as the pipe
   path does; ``bytes`` counts input bytes read, since there is no text.
 
@@ -51,7 +55,7 @@ import numpy as np
 from ..config.errors import ParseError, ReaderError, SchemaError, add_note
 from ..config.slots import SlotSchema
 from ..parse.parsing import ChunkParser
-from ..parse.samples import ColumnBuilder, run_samples
+from ..parse.samples import ColumnBuilder, exit_status, run_samples
 from ..records.columns import RecordChunk, SlotColumn
 from ..records.stats import FileStats, LoadCounters, LoadStats, merge_file_stats
 from . import ranges
@@ -167,10 +171,13 @@ class _FileLoader:
     def run(self) -> FileStats:
         started = time.perf_counter()
         lines = _RangeLines(self.path, self.start, self.end)
-        if _uses_columns(self.generator):
-            samples = self._run_columns(lines)
-        else:
-            samples = self._run_text(lines)
+        try:
+            if _uses_columns(self.generator):
+                samples = self._run_columns(lines)
+            else:
+                samples = self._run_text(lines)
+        except SystemExit as error:  # a status other than 0: as the process would fail
+            raise self._exit_error(error) from None
         skipped = self.parser.skipped_lines
         return FileStats(
             path=self.path,
@@ -240,9 +247,28 @@ class _FileLoader:
         except SampleError as error:
             add_note(error, f"in {self.source}")
             raise
+        except SystemExit as error:
+            # sys.exit(0) ends a generator process's output after what it
+            # wrote (written above): the file's text ends there too.
+            if exit_status(error) != 0:
+                raise
         parser.feed_final(bytes(pending))
         self._send_parsed()
         return parser.lines
+
+    def _exit_error(self, error: SystemExit) -> ReaderError:
+        """The error of ``sys.exit`` with a non-zero status in the generator:
+        a pipe command's exit with that status fails the load, so this does
+        (re-raised as it is, it would end the loading process in silence)."""
+        status = exit_status(error)
+        name = generator_name(self.generator)
+        where = "".join(f"; {note}" for note in getattr(error, "__notes__", ()))
+        return ReaderError(
+            f"{name} called sys.exit({error.code!r}) (exit status {status}) on "
+            f"{describe((self.index, self.path, self.start, self.end))}{where}",
+            command=name, path=self.path, returncode=status,
+            stderr_tail="" if isinstance(error.code, int | None) else str(error.code),
+        )
 
     def _send_parsed(self) -> None:
         chunk = self.parser.take_chunk()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -308,6 +309,72 @@ def test_a_worker_that_dies_is_a_reader_error(tmp_path):
     died = r"worker process died \(exit code 7\) while Dies was reading"
     with pytest.raises(ReaderError, match=died):
         load(SLOTS, [data], generator=Dies)
+
+
+EXITS = """
+import sys
+from generators import MultiSlotDataGenerator
+
+class Reader(MultiSlotDataGenerator):
+    def generate_sample(self, line):
+        def records():
+            n = int(line)
+            if n == 3:
+                sys.exit({status})
+            yield [("ids", [n, n + 1]), ("label", [n % 2])]
+        return records
+
+class Batched(Reader):
+    def generate_batch(self, samples):
+        return lambda: iter(samples)
+
+if __name__ == "__main__":
+    reader = Batched() if sys.argv[1:] == ["batched"] else Reader()
+    reader.set_batch(2)
+    reader.run_from_stdin()
+"""
+
+
+@pytest.mark.parametrize("status", ["", "0"])
+def test_sys_exit_0_ends_the_files_samples_where_it_is_called(tmp_path, status):
+    """A generator process that calls sys.exit(0) ends its output after the
+    samples it wrote (Paddle's writes each batch as it goes): the pipe path
+    keeps them, and the in-process path gives the same records."""
+    script = tmp_path / "reader.py"
+    script.write_text(EXITS.replace("{status}", status))
+    data = tmp_path / "data.txt"
+    data.write_text("".join(f"{i}\n" for i in range(6)))
+    # Samples 0-2; batched by 2, the batch still filling at the exit ([2])
+    # was never written, as in Paddle.
+    for kind, expected in (("Reader", [[0, 1], [1, 2], [2, 3]]), ("Batched", [[0, 1], [1, 2]])):
+        argument = " batched" if kind == "Batched" else ""
+        pipe = load(SLOTS, [data], command=f"{PYTHON} {script}{argument}", threads=1)
+        generator = import_reader(script, kind)()
+        generator.set_batch(2)
+        inproc = load(SLOTS, [data], generator=generator, threads=1)
+        assert pipe.to_arrow().column("ids").to_pylist() == expected, kind
+        assert inproc.to_arrow().equals(pipe.to_arrow()), kind
+        same_stats(inproc, pipe)
+
+
+@pytest.mark.parametrize(("status", "code"), [("3", 3), ("'no more'", 1)])
+def test_sys_exit_with_a_failing_status_is_a_reader_error(tmp_path, status, code):
+    """As a pipe command that exits with that status: the load fails, naming
+    the file and the input line (re-raised as it was, the SystemExit ended
+    the loading process with no word of where)."""
+    script = tmp_path / "reader.py"
+    script.write_text(EXITS.replace("{status}", status))
+    data = tmp_path / "data.txt"
+    data.write_text("".join(f"{i}\n" for i in range(6)))
+    with pytest.raises(ReaderError, match=f"exited with status {code} on {data}") as pipe:
+        load(SLOTS, [data], command=f"{PYTHON} {script}", threads=1)
+    for kind in ("Reader", "Batched"):
+        with pytest.raises(ReaderError) as inproc:
+            load(SLOTS, [data], generator=import_reader(script, kind), threads=1)
+        assert re.search(rf"{kind} called sys.exit\({re.escape(status)}\) \(exit status {code}\) "
+                         rf"on {re.escape(str(data))}; in the .*input line 4", str(inproc.value))
+        assert (inproc.value.returncode, inproc.value.path) == (code, str(data))
+    assert pipe.value.returncode == code
 
 
 def test_closures_and_lambdas_work_and_generate_batch_goes_through_text(tmp_path):
