@@ -314,5 +314,39 @@ def test_killed_server_stops_the_worker_within_the_bound(tmp_path):
     assert elapsed < 10
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize("change", ["order", "workers"])
+def test_a_worker_configured_otherwise_than_the_servers_is_refused(tmp_path, change):
+    """Rows go to the server at their shard's place in the worker's endpoint
+    list: a worker given the servers in another order, or another worker
+    count, is refused at init_worker, before it trains a row."""
+    with reserved_ports(2) as ports:  # the servers listen on them
+        eps = [f"127.0.0.1:{p}" for p in ports]
+        base = {"servers": eps, "workers": 1, "mode": "async", "out": str(tmp_path / "result"),
+                "records": 100}
+        procs = [start({**base, "role": "server", "index": i}, tmp_path, f"server{i}")
+                 for i in range(2)]
+        worker = {"order": {"servers": eps[::-1]}, "workers": {"workers": 2}}[change]
+        try:
+            procs.append(start({**base, **worker, "role": "worker", "index": 0}, tmp_path,
+                               "worker0", {"FLEETFEED_PS_TIMEOUT": "10"}))
+            returncode = procs[-1].wait(timeout=60)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    log = (tmp_path / "worker0.log").read_text()
+    assert returncode != 0, log[-2000:]
+    expected = {
+        "order": f"parameter server 0 at {eps[1]} is server 1 of 2 in a job of 1 workers; "
+                 "this worker lists it as server 0 of 2 in a job of 1 workers",
+        "workers": f"parameter server 0 at {eps[0]} is server 0 of 2 in a job of 1 workers; "
+                   "this worker lists it as server 0 of 2 in a job of 2 workers",
+    }[change]
+    assert expected in log, log[-2000:]
+    assert not (tmp_path / "result.0").exists()
+
+
 if __name__ == "__main__":
     job_main(json.loads(sys.argv[1]))

@@ -292,6 +292,20 @@ class ParameterServerRuntime:
         want_tables = {n: c.dim for n, c in self.configs.items()}
         want_dense = [list(p.shape) for p in self.params]
         for index, info in enumerate(servers.call_all(handlers.describe)):
+            # Rows go to the server at their shard's place in the endpoint
+            # list: a worker whose list has another order or length (a launch
+            # configured by hand) would train rows on servers that do not own
+            # them, and nothing would ever say so.
+            place = (info["index"], info["server_num"], info["worker_num"])
+            if place != (index, len(servers), self.role.worker_num):
+                raise TrainerError(
+                    f"parameter server {index} at {servers.endpoints[index]} is server "
+                    f"{info['index']} of {info['server_num']} in a job of "
+                    f"{info['worker_num']} workers; this worker lists it as server {index} of "
+                    f"{len(servers)} in a job of {self.role.worker_num} workers (every role "
+                    f"must be given the same server endpoints, in the same order, and the "
+                    f"same worker count)"
+                )
             tables = {n: v[0] for n, v in info["tables"].items()}
             if tables != want_tables or info["dense"] != want_dense or info["mode"] != self.mode:
                 raise TrainerError(
