@@ -58,6 +58,7 @@ __all__ = [
     "open_bytes",
     "open_input",
     "read_replaced",
+    "remove_abandoned",
     "replace_directory",
     "stat",
     "sync_directory",
@@ -384,13 +385,57 @@ SET_ASIDE = ".old"
 
 
 def staging_directory(target: str) -> str:
-    """A new empty local directory beside ``target``, ``.<name>.tmp-<hex>``,
-    to write what then replaces ``target`` (``replace_directory``)."""
+    """A new empty local directory beside ``target``, to write what then
+    replaces ``target`` (``replace_directory``):
+    ``.<name>.tmp-<host>.<pid>-<hex>``, whose host (a digest of its name) and
+    process id tell ``remove_abandoned`` whether its maker is gone."""
     parent, name = os.path.split(os.path.abspath(target))
     os.makedirs(parent, exist_ok=True)
-    path = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    path = os.path.join(parent, f".{name}.tmp-{_host()}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.makedirs(path)
     return path
+
+
+@functools.cache
+def _host() -> str:
+    import hashlib
+    import socket
+
+    return hashlib.sha256(socket.gethostname().encode(errors="surrogateescape")).hexdigest()[:12]
+
+
+def remove_abandoned(target: str) -> list[str]:
+    """Removes what processes of this host that are gone left beside
+    ``target``: the staging directories of replacements that never finished
+    (a crash in a save), and, once ``target`` exists, an old directory that a
+    replacement in two renames moved aside (``SET_ASIDE``) but did not remove.
+    What a live process, another host or an older fleetfeed (no host and
+    process in the name) made is left. Returns the paths removed."""
+    parent, name = os.path.split(os.path.abspath(target))
+    mine = f".{name}.tmp-{_host()}."  # then <pid>-<hex>, and SET_ASIDE for one moved aside
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(parent):
+            if not entry.name.startswith(mine) or not entry.is_dir(follow_symlinks=False):
+                continue
+            pid = entry.name[len(mine):].split("-", 1)[0]
+            aside = entry.name.endswith(SET_ASIDE)
+            if not pid.isdigit() or _alive(int(pid)) or (aside and not os.path.exists(target)):
+                continue  # in use, or for restore_interrupted to put back
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def replace_directory(staging: str, target: str) -> None:

@@ -58,6 +58,7 @@ import torch
 
 from datafeed.source.fs import (
     SET_ASIDE,
+    remove_abandoned,
     replace_directory,
     staging_directory,
     sync_directory,
@@ -195,8 +196,13 @@ def check_replaceable(dirname: str, new_files: Sequence[str] = ()) -> None:
 def staging_dir(dirname: str) -> str:
     """A fresh temporary directory beside ``dirname`` to write a checkpoint into
     (``CheckpointError`` first when ``dirname`` may not be replaced:
-    ``check_replaceable``)."""
+    ``check_replaceable``); what earlier saves of this host whose processes are
+    gone left beside it is removed (``remove_abandoned``)."""
     check_replaceable(dirname)
+    # A save that died (a crash, a kill) left its staging directory, as large
+    # as a checkpoint: a job that restarts and saves here again removes it.
+    for path in remove_abandoned(dirname):
+        log.warning("%s: removed %s, left by a save whose process is gone", dirname, path)
     return staging_directory(dirname)
 
 
