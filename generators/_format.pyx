@@ -414,7 +414,7 @@ def run_generator(object lines, object generate_sample, object generate_batch,
         Exception: Whatever ``generate_sample`` or ``generate_batch`` raised,
             with the same note; an error of ``write`` has none.
         SystemExit: the user's code called ``sys.exit``; the samples
-            formatted before it are written first, as Paddle's were.
+            formatted before it are written first.
     """
     cdef Py_ssize_t line_number = 0
     cdef list batch = []
@@ -445,10 +445,10 @@ def run_generator(object lines, object generate_sample, object generate_batch,
         if batch:
             _emit_batch(formatter, gen_str, generate_batch, batch)
     except SystemExit as error:
-        # sys.exit() in the user's code: Paddle's generator has written its
-        # samples as it went, and the interpreter flushes them at the exit, so
-        # the reader gets them; so does it here (not a batch still filling,
-        # which Paddle never wrote either).
+        # sys.exit() in the user's code: what a generator process wrote before
+        # it reaches the reader (Paddle's too: the interpreter flushes at the
+        # exit), so what is formatted here is written. A batch still filling
+        # never went through generate_batch: it is not.
         if not writing:
             note_input_line(error, line_number, line, batching)
             if formatter._size:

@@ -369,11 +369,11 @@ def run_samples(object lines, object generate_sample, ColumnBuilder builder,
 
 def exit_status(error):
     """The exit status of a process that ends with ``error`` (a ``SystemExit``),
-    as the interpreter sets it: ``sys.exit()`` 0, ``sys.exit(n)`` n, any
-    other value (a message) 1."""
+    as its parent sees it: ``sys.exit()`` 0, ``sys.exit(n)`` n's low 8 bits
+    (256 is 0, -1 is 255), any other value (a message) 1."""
     code = error.code
     if code is None:
         return 0
     if isinstance(code, int):
-        return int(code)
+        return int(code) & 0xFF
     return 1

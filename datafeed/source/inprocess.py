@@ -113,8 +113,19 @@ class _RangeLines:
         self.start = start
         self.end = end
         self.bytes = 0
+        self._reading: Iterator[str] | None = None
 
     def __iter__(self) -> Iterator[str]:
+        self._reading = self._read()
+        return self._reading
+
+    def close(self) -> None:
+        """Closes the file, and counts ``bytes``, when reading stopped early."""
+        if self._reading is not None:
+            self._reading.close()  # type: ignore[attr-defined]
+            self._reading = None
+
+    def _read(self) -> Iterator[str]:
         if self.path.endswith(".gz"):
             raw: io.BufferedIOBase = gzip.open(self.path, "rb")  # type: ignore[assignment]  # noqa: SIM115 - closed by the with below
         else:
@@ -128,8 +139,11 @@ class _RangeLines:
             text = io.TextIOWrapper(
                 source, encoding="utf-8", errors="surrogateescape", newline="\n"
             )
-            yield from text
-            self.bytes = raw.tell() - self.start
+            try:
+                for line in text:  # noqa: UP028 - yield from would close raw before the count
+                    yield line
+            finally:  # also when the reader stopped early (sys.exit(0) in the generator)
+                self.bytes = raw.tell() - self.start
 
 
 def _renumbered(error: ParseError, source: str, parser_line: int, line: int) -> ParseError:
@@ -157,7 +171,11 @@ class _FileLoader:
     ) -> None:
         # A class gets a fresh instance per file: a pipe command starts a fresh
         # process (and generator) per file, so per-file state starts clean.
-        self.generator = generator() if isinstance(generator, type) else generator
+        self.exited: SystemExit | None = None  # sys.exit in the class's __init__
+        try:
+            self.generator = generator() if isinstance(generator, type) else generator
+        except SystemExit as error:
+            self.generator, self.exited = generator, error
         self.schema = schema
         self.index, self.path, self.start, self.end = task
         self.send = send
@@ -172,12 +190,18 @@ class _FileLoader:
         started = time.perf_counter()
         lines = _RangeLines(self.path, self.start, self.end)
         try:
-            if _uses_columns(self.generator):
+            if self.exited is not None:  # as a process that exits before its first sample
+                if exit_status(self.exited) != 0:
+                    raise self.exited
+                samples = 0
+            elif _uses_columns(self.generator):
                 samples = self._run_columns(lines)
             else:
                 samples = self._run_text(lines)
         except SystemExit as error:  # a status other than 0: as the process would fail
             raise self._exit_error(error) from None
+        finally:
+            lines.close()
         skipped = self.parser.skipped_lines
         return FileStats(
             path=self.path,

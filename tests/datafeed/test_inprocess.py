@@ -335,17 +335,18 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("status", ["", "0"])
+@pytest.mark.parametrize("status", ["", "0", "256"])  # 256: status 0 (its low 8 bits)
 def test_sys_exit_0_ends_the_files_samples_where_it_is_called(tmp_path, status):
     """A generator process that calls sys.exit(0) ends its output after the
-    samples it wrote (Paddle's writes each batch as it goes): the pipe path
-    keeps them, and the in-process path gives the same records."""
+    samples it wrote: the pipe path keeps them (every sample before the exit;
+    Paddle's reader would also lose the batch of batch_size_ it was filling),
+    and the in-process path gives the same records and stats."""
     script = tmp_path / "reader.py"
     script.write_text(EXITS.replace("{status}", status))
     data = tmp_path / "data.txt"
     data.write_text("".join(f"{i}\n" for i in range(6)))
-    # Samples 0-2; batched by 2, the batch still filling at the exit ([2])
-    # was never written, as in Paddle.
+    # Samples 0-2; batched by the class's own generate_batch, the batch still
+    # filling at the exit ([2]) never went through it.
     for kind, expected in (("Reader", [[0, 1], [1, 2], [2, 3]]), ("Batched", [[0, 1], [1, 2]])):
         argument = " batched" if kind == "Batched" else ""
         pipe = load(SLOTS, [data], command=f"{PYTHON} {script}{argument}", threads=1)
@@ -355,9 +356,10 @@ def test_sys_exit_0_ends_the_files_samples_where_it_is_called(tmp_path, status):
         assert pipe.to_arrow().column("ids").to_pylist() == expected, kind
         assert inproc.to_arrow().equals(pipe.to_arrow()), kind
         same_stats(inproc, pipe)
+        assert inproc.stats().bytes > 0  # what was read, though the file was not read to its end
 
 
-@pytest.mark.parametrize(("status", "code"), [("3", 3), ("'no more'", 1)])
+@pytest.mark.parametrize(("status", "code"), [("3", 3), ("-1", 255), ("'no more'", 1)])
 def test_sys_exit_with_a_failing_status_is_a_reader_error(tmp_path, status, code):
     """As a pipe command that exits with that status: the load fails, naming
     the file and the input line (re-raised as it was, the SystemExit ended
@@ -375,6 +377,26 @@ def test_sys_exit_with_a_failing_status_is_a_reader_error(tmp_path, status, code
                          rf"on {re.escape(str(data))}; in the .*input line 4", str(inproc.value))
         assert (inproc.value.returncode, inproc.value.path) == (code, str(data))
     assert pipe.value.returncode == code
+
+
+@pytest.mark.parametrize(("status", "code"), [("0", 0), ("4", 4)])
+def test_sys_exit_in_the_readers_init_is_a_process_that_exits_first(tmp_path, status, code):
+    """A reader class whose __init__ exits: with status 0 the file has no
+    samples, as a pipe command that exits before its first; else a ReaderError."""
+    script = tmp_path / "reader.py"
+    script.write_text(EXITS.replace("{status}", "0").replace(
+        "class Batched(Reader):", f"class Quits(Reader):\n    def __init__(self):\n"
+        f"        sys.exit({status})\n\nclass Batched(Reader):"))
+    data = tmp_path / "data.txt"
+    data.write_text("".join(f"{i}\n" for i in range(6)))
+    quits = import_reader(script, "Quits")
+    if code == 0:
+        loaded = load(SLOTS, [data], generator=quits, threads=1)
+        assert (loaded.get_memory_data_size(), loaded.stats().lines) == (0, 0)
+    else:
+        with pytest.raises(ReaderError, match=rf"Quits called sys.exit\({status}\) "
+                                              rf"\(exit status {code}\) on {re.escape(str(data))}"):
+            load(SLOTS, [data], generator=quits, threads=1)
 
 
 def test_closures_and_lambdas_work_and_generate_batch_goes_through_text(tmp_path):

@@ -411,7 +411,7 @@ class ParameterServerRuntime:
         if kind == "delta" and self._save_failed:
             log.warning("save_persistables(%s): the last save failed; writing a base", dirname)
             kind = "base"
-        staging = checkpoint.staging_dir(dirname)
+        staging = checkpoint.staging_dir(dirname, list(extra_files or ()))
         save_id = uuid.uuid4().hex
         try:
             if self.local:
