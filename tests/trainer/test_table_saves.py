@@ -549,8 +549,12 @@ def test_a_save_never_deletes_what_is_not_a_checkpoint(tmp_path):
         with pytest.raises(CheckpointError, match="expected a directory.*found a file"):
             runtime.save_persistables(str(a_file))
         assert a_file.read_text() == "mine"
-        # A checkpoint (with the workers' positions, which fleet adds) is replaced.
+        # A checkpoint (with the workers' positions, which fleet adds) is replaced,
+        # and one with an extra file by a save that writes it again.
         runtime.save_persistables(str(saved))
+        runtime.save_persistables(str(tmp_path / "extra"), {"extra.json": b"{}"})
+        runtime.save_persistables(str(tmp_path / "extra"), {"extra.json": b"[]"})
+        assert (tmp_path / "extra" / "extra.json").read_bytes() == b"[]"
         assert "dataset_state.json" not in {p.name for p in saved.iterdir()}
         # A file that appears while a save writes is found at the commit.
         staging = checkpoint.staging_dir(str(saved))
