@@ -260,8 +260,12 @@ class ParameterServer:
         return future
 
     def _take_round_if_complete(self) -> list:
-        # Caller holds self._lock.
-        if self._round and len(self._round) >= len(self._active):
+        # Caller holds self._lock. A worker waiting at the barrier (it ran out
+        # of batches first: workers seldom hold the same number) has no push
+        # to come before it: the round completes without it, averaged over
+        # the workers that pushed, as once it stops.
+        pushed = {worker for worker, *_ in self._round}
+        if self._round and pushed >= self._active - self._barrier.keys():
             ready, self._round = self._round, []
             return ready
         return []
@@ -341,6 +345,9 @@ class ParameterServer:
         with self._lock:
             self._barrier[worker] = future
             ready = self._take_barrier_if_complete()
+            round_ready = self._take_round_if_complete()  # the others' last rounds
+        if round_ready:
+            self._apply_round(round_ready)
         for f in ready:
             f.set_result(None)
         return future
