@@ -418,7 +418,7 @@ class Fleet:
         states = None
         if dataset is not None:
             if self._ps_mode:  # the checkpoint holds every update of the batches counted
-                self._get_runtime().training.flush()
+                self._get_runtime().finish_steps()
             states = self._gather_dataset_states(dataset)
         if self._ps_mode or (self._runtime is not None and model is None):
             if dataset is None or self.is_first_worker():

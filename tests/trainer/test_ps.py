@@ -316,13 +316,15 @@ def test_killed_server_stops_the_worker_within_the_bound(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_sync_with_uneven_data_averages_the_workers_that_still_train(tmp_path):
+@pytest.mark.parametrize("servers", [1, 2])
+def test_sync_with_uneven_data_averages_the_workers_that_still_train(tmp_path, servers):
     """Workers seldom hold the same number of batches: the one that runs out
     first waits at barrier_worker, and the rounds after go on without it
     (they waited for it until the start timeout, then failed). The result
     equals one process training each step on the batches of the workers
     that had one, with the mean of their losses."""
-    run_job(tmp_path, "sync", records_of={"0": 1000}, save=str(tmp_path / "ckpt"))
+    run_job(tmp_path, "sync", servers=servers, records_of={"0": 1000},
+            save=str(tmp_path / "ckpt"))
     stores.local_store().clear()
     torch.manual_seed(0)
     model = Model()

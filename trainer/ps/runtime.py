@@ -353,6 +353,14 @@ class ParameterServerRuntime:
             self.servers = None
             servers.close()
 
+    def finish_steps(self) -> None:
+        """Before this worker waits for the others: sends what it has not sent
+        and waits for it (``flush``), and in sync mode lets their rounds go on
+        without it until its next step (``idle``: it may have run out of
+        batches first, and would otherwise hold them up until the timeout)."""
+        self.training.flush()
+        self.training.idle()
+
     def barrier_worker(self) -> None:
         """Returns once every running worker called barrier_worker() (through
         server 0), with this worker's copy of the model brought up to date
@@ -363,7 +371,7 @@ class ParameterServerRuntime:
         last pushes) sees all of them."""
         if self.local or self.servers is None:
             return
-        self.training.flush()
+        self.finish_steps()
         self.servers.call(0, handlers.barrier, self.role.index, timeout=transport.start_timeout())
         self.refresh()
 
