@@ -387,32 +387,45 @@ SET_ASIDE = ".old"
 def staging_directory(target: str) -> str:
     """A new empty local directory beside ``target``, to write what then
     replaces ``target`` (``replace_directory``):
-    ``.<name>.tmp-<host>.<pid>-<hex>``, whose host (a digest of its name) and
-    process id tell ``remove_abandoned`` whether its maker is gone."""
+    ``.<name>.tmp-<space>.<pid>-<hex>``, whose process space (``_process_space``)
+    and process id tell ``remove_abandoned`` whether its maker is gone."""
     parent, name = os.path.split(os.path.abspath(target))
     os.makedirs(parent, exist_ok=True)
-    path = os.path.join(parent, f".{name}.tmp-{_host()}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    unique = uuid.uuid4().hex[:8]
+    path = os.path.join(parent, f".{name}.tmp-{_process_space()}.{os.getpid()}-{unique}")
     os.makedirs(path)
     return path
 
 
 @functools.cache
-def _host() -> str:
+def _process_space() -> str:
+    """Where this process's id means this process: a digest of the host name,
+    this boot of its kernel and its pid namespace (containers that share a
+    host name, a kernel or both still differ)."""
     import hashlib
     import socket
 
-    return hashlib.sha256(socket.gethostname().encode(errors="surrogateescape")).hexdigest()[:12]
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            parts.append(boot.read().strip())
+    with contextlib.suppress(OSError):
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    text = "\n".join(parts).encode(errors="surrogateescape")
+    return hashlib.sha256(text).hexdigest()[:12]
 
 
-def remove_abandoned(target: str) -> list[str]:
-    """Removes what processes of this host that are gone left beside
+def remove_abandoned(target: str, complete_marker: str) -> list[str]:
+    """Removes what processes of this process space that are gone left beside
     ``target``: the staging directories of replacements that never finished
-    (a crash in a save), and, once ``target`` exists, an old directory that a
-    replacement in two renames moved aside (``SET_ASIDE``) but did not remove.
-    What a live process, another host or an older fleetfeed (no host and
-    process in the name) made is left. Returns the paths removed."""
+    (a crash in a save), and, once ``target`` is whole (holds
+    ``complete_marker``), an old directory that a replacement in two renames
+    moved aside (``SET_ASIDE``) but did not remove. What a live process,
+    another host or container, or an older fleetfeed (no process in the name)
+    made is left. Returns the paths removed."""
     parent, name = os.path.split(os.path.abspath(target))
-    mine = f".{name}.tmp-{_host()}."  # then <pid>-<hex>, and SET_ASIDE for one moved aside
+    mine = f".{name}.tmp-{_process_space()}."  # then <pid>-<hex>, and SET_ASIDE if moved aside
+    whole = os.path.isfile(os.path.join(target, complete_marker))
     removed = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(parent):
@@ -420,20 +433,22 @@ def remove_abandoned(target: str) -> list[str]:
                 continue
             pid = entry.name[len(mine):].split("-", 1)[0]
             aside = entry.name.endswith(SET_ASIDE)
-            if not pid.isdigit() or _alive(int(pid)) or (aside and not os.path.exists(target)):
+            if not pid.isdigit() or _alive(int(pid)) or (aside and not whole):
                 continue  # in use, or for restore_interrupted to put back
             shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.path)
+            if not os.path.lexists(entry.path):
+                removed.append(entry.path)
     return removed
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one of another user counts)."""
+    """Whether process ``pid`` may exist (one of another user counts; an id
+    no process can have is taken as alive: the folder is then left)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError, ValueError):
         return True
     return True
 

@@ -342,15 +342,16 @@ def test_a_save_removes_what_dead_saves_of_this_host_left(tmp_path, caplog):
     """A save killed mid-way leaves its staging directory, as large as a
     checkpoint; the next save of the same name (a restarted job's) removes it,
     and one moved aside by a replacement in two renames once the checkpoint is
-    back in place. What a live process, another host or an older version made
-    is left alone."""
+    back in place. What a live process, another host or container or an
+    older version made is left alone, and so is the one moved aside while it
+    is the only copy."""
     from datafeed.source import fs
     from trainer.ps.checkpoint import directory as checkpoint
 
     ckpt = str(tmp_path / "ckpt")
     dies = (
         "import os, sys; from trainer.ps.checkpoint import directory as c; "
-        "s = c.staging_dir(sys.argv[1]); open(os.path.join(s, 'dense.shard0.pt'), 'w').write('x'); "
+        "s = c.staging_dir(sys.argv[1]); open(os.path.join(s, 'meta.json'), 'w').write('{}'); "
         "os.replace(s, s + '.old') if sys.argv[2] == 'aside' else None; "
         "print(s + ('.old' if sys.argv[2] == 'aside' else '')); os._exit(0)"
     )
@@ -362,25 +363,26 @@ def test_a_save_removes_what_dead_saves_of_this_host_left(tmp_path, caplog):
 
     aside = left_by_a_dead_save("aside")
     dead = left_by_a_dead_save("staging")  # (its save kept the aside one: no checkpoint yet)
+    dead_pid = os.path.basename(dead).rsplit(".", 1)[1].split("-")[0]
     live = fs.staging_directory(ckpt)  # this process's save, still running
-    other_host = str(tmp_path / f".ckpt.tmp-{'0' * 12}.1-0123abcd")
+    other_space = str(tmp_path / f".ckpt.tmp-{'0' * 12}.{dead_pid}-0123abcd")  # a dead pid
     older = str(tmp_path / ".ckpt.tmp-0123abcd")
-    for path in (other_host, older):
+    for path in (other_space, older):
         os.makedirs(path)
-    # While the checkpoint is missing, the one moved aside is kept for
-    # restore_interrupted to put back; everything else of a dead save goes.
+    os.makedirs(ckpt)  # an empty folder where the checkpoint was: not a whole one
     with caplog.at_level("WARNING", logger=checkpoint.__name__):
         fresh = checkpoint.staging_dir(ckpt)
     assert sorted(os.listdir(tmp_path)) == sorted(
-        os.path.basename(p) for p in (aside, live, other_host, older, fresh))
+        os.path.basename(p) for p in (ckpt, aside, live, other_space, older, fresh))
     assert f"removed {dead}, left by a save whose process is gone" in caplog.text
+    os.rmdir(ckpt)
     assert checkpoint.restore_interrupted(ckpt)  # the aside one is the checkpoint again
     shutil.rmtree(fresh)
     aside = left_by_a_dead_save("aside")  # a replacement that died after its second rename
     fresh = checkpoint.staging_dir(ckpt)
     assert not os.path.exists(aside)
     assert sorted(os.listdir(tmp_path)) == sorted(
-        os.path.basename(p) for p in (ckpt, live, other_host, older, fresh))
+        os.path.basename(p) for p in (ckpt, live, other_space, older, fresh))
 
 
 def test_replacing_a_recorded_checkpoint_never_leaves_it_missing(tmp_path, monkeypatch):

@@ -202,7 +202,7 @@ def staging_dir(dirname: str, new_files: Sequence[str] = ()) -> str:
     check_replaceable(dirname, new_files)
     # A save that died (a crash, a kill) left its staging directory, as large
     # as a checkpoint: a job that restarts and saves here again removes it.
-    for path in remove_abandoned(dirname):
+    for path in remove_abandoned(dirname, complete_marker="meta.json"):
         log.warning("%s: removed %s, left by a save whose process is gone", dirname, path)
     return staging_directory(dirname)
 
