@@ -406,9 +406,8 @@ def _process_space() -> str:
     import socket
 
     parts = [socket.gethostname()]
-    with contextlib.suppress(OSError):
-        with open("/proc/sys/kernel/random/boot_id") as boot:
-            parts.append(boot.read().strip())
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as boot:
+        parts.append(boot.read().strip())
     with contextlib.suppress(OSError):
         parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
     text = "\n".join(parts).encode(errors="surrogateescape")
