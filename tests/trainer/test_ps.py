@@ -352,6 +352,30 @@ def test_sync_with_uneven_data_averages_the_workers_that_still_train(tmp_path, s
 
 
 @pytest.mark.distributed
+def test_a_sync_step_that_waits_too_long_names_the_start_timeout(tmp_path):
+    """A synchronous step waits for the whole job, bounded by the start
+    timeout: its error names that setting and its value, not the call's."""
+    with reserved_ports(1) as ports:  # the server listens on it
+        eps = [f"127.0.0.1:{p}" for p in ports]
+        base = {"servers": eps, "workers": 2, "mode": "sync", "out": str(tmp_path / "result"),
+                "records": 100}
+        env = {"FLEETFEED_PS_START_TIMEOUT": "3", "FLEETFEED_PS_TIMEOUT": "20"}
+        procs = [start({**base, "role": "server", "index": 0}, tmp_path, "server0", env),
+                 start({**base, "role": "worker", "index": 0}, tmp_path, "worker0", env)]
+        try:  # worker 1 never comes
+            returncode = procs[1].wait(timeout=60)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    log = (tmp_path / "worker0.log").read_text()
+    assert returncode != 0
+    assert "did not answer push_sync: no answer in time (bound: 3s, " \
+           "FLEETFEED_PS_START_TIMEOUT)" in log, log[-2000:]
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("change", ["order", "workers"])
 def test_a_worker_configured_otherwise_than_the_servers_is_refused(tmp_path, change):
     """Rows go to the server at their shard's place in the worker's endpoint

@@ -653,13 +653,18 @@ class ServerSet:
         for future in futures:
             future.set_exception(self.unavailable(index, "a call", ConnectionError(why)))
 
-    def unavailable(self, index: int, what: str, err: BaseException) -> ServerUnavailableError:
-        """The error for server ``index`` not answering ``what``."""
+    def unavailable(
+        self, index: int, what: str, err: BaseException, bound: float | None = None
+    ) -> ServerUnavailableError:
+        """The error for server ``index`` not answering ``what``; ``bound``:
+        the call's own timeout, when it waited for the whole job (the start
+        timeout) rather than for one call."""
         endpoint = self.endpoints[index]
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        setting = "FLEETFEED_PS_TIMEOUT" if bound is None else "FLEETFEED_PS_START_TIMEOUT"
         return ServerUnavailableError(
             f"parameter server {index} at {endpoint} did not answer {what}: {text} "
-            f"(bound: {self.timeout:g}s, FLEETFEED_PS_TIMEOUT)",
+            f"(bound: {self.timeout if bound is None else bound:g}s, {setting})",
             endpoint=endpoint,
         )
 
@@ -675,6 +680,7 @@ class ServerSet:
         """Sends operation ``op`` with ``args`` to server ``index``; its future result."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        future.bound = timeout  # None: the call timeout
         future.op = op
         request_id = next(self._ids)
         frames = wire.encode({"v": wire.PROTOCOL_VERSION, "id": request_id, "op": op}, list(args))
@@ -701,7 +707,8 @@ class ServerSet:
                 for rid, (_, pending) in list(self._pending.items()):
                     if pending is future:
                         del self._pending[rid]
-            raise self.unavailable(index, what, TimeoutError("no answer in time")) from None
+            raise self.unavailable(index, what, TimeoutError("no answer in time"),
+                                   getattr(future, "bound", None)) from None
 
     def forget(self, future: concurrent.futures.Future) -> None:
         """Stops waiting for ``future``'s answer (from ``call_async``): a reply
