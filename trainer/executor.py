@@ -318,9 +318,6 @@ class Executor:
             release_free_memory()
         if monitor is not None:
             monitor.raise_error()
-        pass_ended = getattr(run.optimizer, "pass_ended", None) if train else None
-        if pass_ended is not None:  # sync PS: the others' rounds go on without this worker
-            pass_ended()
         summary = run.summary(time.perf_counter() - started, threads)
         if run.hogwild is not None:
             summary.hogwild = "processes" if processes else "threads"

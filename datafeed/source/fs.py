@@ -432,7 +432,7 @@ def remove_abandoned(target: str, complete_marker: str) -> list[str]:
                 continue
             pid = entry.name[len(mine):].split("-", 1)[0]
             aside = entry.name.endswith(SET_ASIDE)
-            if not pid.isdigit() or _alive(int(pid)) or (aside and not whole):
+            if not (pid.isascii() and pid.isdigit()) or _alive(int(pid)) or (aside and not whole):
                 continue  # in use, or for restore_interrupted to put back
             shutil.rmtree(entry.path, ignore_errors=True)
             if not os.path.lexists(entry.path):

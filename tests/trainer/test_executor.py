@@ -156,31 +156,6 @@ def test_infer_leaves_parameters_alone_and_feeds_the_handler(tmp_path):
     assert 0.0 < metric.compute() < 1.0
 
 
-def test_a_training_pass_that_ends_tells_the_optimizer(tmp_path):
-    """A sync parameter-server worker out of batches must not hold up the
-    others' rounds while it waits for them: train_from_dataset tells its
-    DistributedOptimizer (pass_ended), which tells the mode (idle); an
-    inference pass does not."""
-    from trainer.ps.client import DistributedOptimizer
-
-    events: list[str] = []
-
-    class Mode:  # the training mode whose step the optimizer runs
-        def step(self) -> None:
-            events.append("step")
-
-        def idle(self) -> None:
-            events.append("idle")
-
-    model = Logistic()
-    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), Mode().step)
-    dataset = make(InMemoryDataset, write_files(tmp_path), batch_size=100)
-    Executor().train_from_dataset(model, dataset, optimizer, thread=2, fetch_list=[])
-    assert events == ["step"] * 4 + ["idle"]
-    Executor().infer_from_dataset(model, dataset, thread=1, fetch_list=[])
-    assert events == ["step"] * 4 + ["idle"]
-
-
 def test_a_worker_thread_error_is_raised_in_the_caller_with_its_traceback(tmp_path):
     dataset = make(QueueDataset, write_files(tmp_path, files=2, per_file=200))
     calls = itertools.count()

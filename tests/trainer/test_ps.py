@@ -113,7 +113,9 @@ def job_main(config: dict) -> None:
     runtime.init_worker()
     out["init"] = time.time()
     data = batches(role.index, config.get("records_of", {}).get(str(role.index), config["records"]))
-    for _ in range(config.get("epochs", 1)):
+    for epoch in range(config.get("epochs", 1)):
+        if epoch and config.get("barrier_between_epochs"):
+            runtime.barrier_worker()
         for x, y in data:
             loss_of(model, x, y).backward()
             opt.step()
@@ -320,25 +322,27 @@ def test_killed_server_stops_the_worker_within_the_bound(tmp_path):
 def test_sync_with_uneven_data_averages_the_workers_that_still_train(tmp_path, servers):
     """Workers seldom hold the same number of batches: the one that runs out
     first waits at barrier_worker, and the rounds after go on without it
-    (they waited for it until the start timeout, then failed). The result
+    (they waited for it until the start timeout, then failed), on every
+    server; after the barrier the workers step together again. The result
     equals one process training each step on the batches of the workers
     that had one, with the mean of their losses."""
-    run_job(tmp_path, "sync", servers=servers, records_of={"0": 1000},
-            save=str(tmp_path / "ckpt"))
+    run_job(tmp_path, "sync", servers=servers, records_of={"0": 1000}, epochs=2,
+            barrier_between_epochs=True, save=str(tmp_path / "ckpt"))
     stores.local_store().clear()
     torch.manual_seed(0)
     model = Model()
     runtime = ParameterServerRuntime(ClusterRole.local(), None)
     opt = runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
     first, second = batches(0, 1000), batches(1, 2000)  # 20 and 40 batches
-    for step, (x1, y1) in enumerate(second):
-        if step < len(first):
-            x0, y0 = first[step]
-            ((loss_of(model, x0, y0) + loss_of(model, x1, y1)) / 2).backward()
-        else:
-            loss_of(model, x1, y1).backward()
-        opt.step()
-        opt.zero_grad()
+    for _ in range(2):  # each epoch starts in step again, after the barrier
+        for step, (x1, y1) in enumerate(second):
+            if step < len(first):
+                x0, y0 = first[step]
+                ((loss_of(model, x0, y0) + loss_of(model, x1, y1)) / 2).backward()
+            else:
+                loss_of(model, x1, y1).backward()
+            opt.step()
+            opt.zero_grad()
     stores.local_store().clear()
     loaded = Model()
     load_local(loaded, str(tmp_path / "ckpt"))

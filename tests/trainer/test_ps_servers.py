@@ -118,34 +118,6 @@ def make_servers(table: str, server_num: int) -> list[ParameterServer]:
     return out
 
 
-def test_a_sync_round_goes_on_without_an_idle_worker_until_it_pushes_again(table_name):
-    """A worker out of batches (sync_idle) holds up no round; its next push
-    makes the rounds wait for it again."""
-    model = Small(table_name)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    tables = {table_name: model.emb.config.make_table(OptimizerSpec.from_torch(optimizer))}
-    server = ParameterServer(0, 1, 2, "sync", tables, list(model.parameters()), optimizer)
-    before = [p.detach().clone() for p in server.dense]
-    ones = {i: torch.ones(s) for i, s in enumerate(SHAPES)}
-    ids = torch.tensor([5], dtype=torch.int64)
-    alone = server.push_sync(1, {table_name: (ids, torch.ones(1, 4))}, ones)
-    assert not alone.done()  # waits for worker 0
-    server.sync_idle(0)
-    values = alone.result(timeout=5)  # applied with worker 1's gradient alone (mean of one)
-    for i, b in enumerate(before):
-        torch.testing.assert_close(values[i], b - 1.0)
-    first = server.push_sync(0, {}, ones)  # worker 0 trains again: rounds wait for both
-    assert not first.done()
-    second = server.push_sync(1, {}, {i: 3 * torch.ones(s) for i, s in enumerate(SHAPES)})
-    values = second.result(timeout=5)
-    for a, b in zip(first.result(timeout=5).values(), values.values(), strict=True):
-        torch.testing.assert_close(a, b)
-    for i, b in enumerate(before):
-        torch.testing.assert_close(values[i], b - 1.0 - 2.0)  # the mean of 1 and 3
-    with pytest.raises(ValueError, match="expected a worker index in"):
-        server.sync_idle(2)
-
-
 def train(servers: list[ParameterServer], table: str, steps: int, seed: int) -> None:
     """Pushes ``steps`` random gradients, each row and parameter to its owner."""
     rng = np.random.default_rng(seed)

@@ -526,13 +526,6 @@ class DistributedOptimizer:
         else:
             self.optimizer.zero_grad(set_to_none=False)
 
-    def pass_ended(self) -> None:
-        """This worker's pass is over (``train_from_dataset`` calls it): its
-        training mode is told it has no step to come for a while (``idle``)."""
-        idle = getattr(getattr(self._step, "__self__", None), "idle", None)
-        if idle is not None:
-            idle()
-
     @property
     def mode_name(self) -> str | None:
         """The name of the training mode whose step this runs (``"local"``,

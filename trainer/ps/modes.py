@@ -7,8 +7,8 @@ environment, else the strategy's mode (``distributed_mode``):
   in-process sparse tables.
 * ``AsyncMode`` (``"async"``): the step sends its gradients and goes on; the
   servers apply each worker's push as it comes.
-* ``SyncMode`` (``"sync"``): the step waits until every worker pushed (but
-  an idle one, ``idle()``: its pass ended); the servers apply the average once.
+* ``SyncMode`` (``"sync"``): the step waits until every worker pushed; the
+  servers apply the average once.
 * ``GeoMode`` (``"geo"``): the worker trains its own copy; every k steps it
   sends each change since the last sync (deltas) and merges the servers' sum.
 
@@ -126,10 +126,6 @@ class TrainingMode:
     def flush(self) -> None:
         """Sends what this worker has not sent yet and waits for all of it."""
         self.settle()
-
-    def idle(self) -> None:
-        """This worker has no step to come for a while (its pass ended, it
-        waits for the others): sync rounds go on without it."""
 
     def reloaded(self) -> None:
         """The dense parameters now hold the servers' values (and sparse rows
@@ -279,16 +275,6 @@ class SyncMode(TrainingMode):
         self._set_dense(
             servers.call_all(handlers.push_sync, args, timeout=transport.start_timeout())
         )
-
-    def idle(self) -> None:
-        """Tells every server that this worker has no push to come until its
-        next step: a worker that ran out of batches first (workers seldom hold
-        the same number) and then waits for the others, at a barrier or in a
-        collective, would otherwise hold up their rounds until the timeout."""
-        if self._link is None:
-            return
-        servers = self._link.servers
-        servers.call_all(handlers.sync_idle, [(self._link.index,)] * len(servers))
 
 
 class GeoMode(TrainingMode):

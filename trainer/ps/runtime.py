@@ -353,17 +353,9 @@ class ParameterServerRuntime:
             self.servers = None
             servers.close()
 
-    def finish_steps(self) -> None:
-        """Before this worker waits for the others: sends what it has not sent
-        and waits for it (``flush``), and in sync mode lets their rounds go on
-        without it until its next step (``idle``: it may have run out of
-        batches first, and would otherwise hold them up until the timeout)."""
-        self.training.flush()
-        self.training.idle()
-
     def barrier_worker(self) -> None:
-        """Returns once every running worker called barrier_worker() (through
-        server 0), with this worker's copy of the model brought up to date
+        """Returns once every running worker called barrier_worker() (on
+        every server), with this worker's copy of the model brought up to date
         (``refresh``): each worker first sends what it has not sent (GEO: its
         steps since the last sync) and waits for it, so every update made
         before the barrier is on the servers then, and a save or an evaluation
@@ -371,9 +363,27 @@ class ParameterServerRuntime:
         last pushes) sees all of them."""
         if self.local or self.servers is None:
             return
-        self.finish_steps()
-        self.servers.call(0, handlers.barrier, self.role.index, timeout=transport.start_timeout())
+        self.training.flush()
+        self._meet_the_others()
         self.refresh()
+
+    def finish_steps(self) -> None:
+        """Sends what this worker has not sent and waits for it (``flush``),
+        before it waits for the other workers (``save_persistables`` with a
+        dataset gathers their positions). Sync mode meets them at the barrier
+        first: a worker out of batches first would otherwise hold up their
+        last rounds, and they its gather, until the timeout."""
+        self.training.flush()
+        if self.mode == "sync" and self.servers is not None:
+            self._meet_the_others()
+
+    def _meet_the_others(self) -> None:
+        """The barrier, on every server: each one's sync rounds go on without
+        the workers waiting here, and all of them are released before anyone
+        steps again."""
+        servers = self._connected()
+        servers.call_all(handlers.barrier, [(self.role.index,)] * len(servers),
+                         timeout=transport.start_timeout())
 
     # -- table lifecycle (trainer.ps.lifecycle) ------------------------------------
 

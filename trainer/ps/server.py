@@ -11,9 +11,9 @@ admits only peers that proved the job key.
 
 Modes:
   async  a push is applied when it arrives;
-  sync   pushes wait until every active worker pushed its step (but an idle
-         one: out of batches); the averaged gradients are applied once and
-         every push returns the new values;
+  sync   pushes wait until every active worker pushed its step (but one
+         waiting at the barrier: out of batches first); the averaged
+         gradients are applied once and every push returns the new values;
   geo    workers push deltas of their local rows/params every k steps; the server
          adds delta / worker_num (Paddle's GEO-SGD) and returns the new values.
 """
@@ -86,7 +86,6 @@ class ParameterServer:
             self.all_done.set()
         self._round: list[tuple[int, SparsePart, DensePart, Future]] = []
         self._barrier: dict[int, Future] = {}
-        self._idle: set[int] = set()  # workers with no synchronous push to come (sync_idle)
         self._stopped: list[Future] = []  # worker_done calls waiting for the others
         self._pulled: dict[tuple[int, str], list[PulledRows]] = {}
         self._pulled_lock = threading.Lock()
@@ -255,7 +254,6 @@ class ParameterServer:
                     ValueError(f"worker {worker} pushed twice in one synchronous step")
                 )
                 return future
-            self._idle.discard(worker)  # it trains again
             self._round.append((worker, sparse, dense, future))
             ready = self._take_round_if_complete()
         if ready:
@@ -263,12 +261,12 @@ class ParameterServer:
         return future
 
     def _take_round_if_complete(self) -> list:
-        # Caller holds self._lock. An idle worker (it ran out of batches first:
-        # workers seldom hold the same number) has no push to come: the round
-        # completes without it, averaged over the workers that pushed, as
-        # once it stops.
+        # Caller holds self._lock. A worker waiting at the barrier (it ran out
+        # of batches first: workers seldom hold the same number) has no push
+        # to come before it: the round completes without it, averaged over
+        # the workers that pushed, as once it stops.
         pushed = {worker for worker, *_ in self._round}
-        if self._round and pushed >= self._active - self._idle:
+        if self._round and pushed >= self._active - self._barrier.keys():
             ready, self._round = self._round, []
             return ready
         return []
@@ -348,19 +346,12 @@ class ParameterServer:
         with self._lock:
             self._barrier[worker] = future
             ready = self._take_barrier_if_complete()
+            round_ready = self._take_round_if_complete()  # the others' last rounds
+        if round_ready:
+            self._apply_round(round_ready)
         for f in ready:
             f.set_result(None)
         return future
-
-    def sync_idle(self, worker: int) -> None:
-        """Worker ``worker`` has no synchronous push to come until its next
-        one (its pass ended, it waits at a barrier): rounds complete without it."""
-        self.check_worker(worker)
-        with self._lock:
-            self._idle.add(worker)
-            ready = self._take_round_if_complete()
-        if ready:
-            self._apply_round(ready)
 
     def _take_barrier_if_complete(self) -> list[Future]:
         if self._barrier and set(self._barrier) >= self._active:
@@ -541,11 +532,6 @@ def geo_push(worker: int, sparse: SparsePart, dense: DensePart) -> tuple:
     return server.geo_push(sparse, dense)
 
 
-def sync_idle(worker: int) -> None:
-    """A worker has no synchronous push to come until its next one."""
-    _current().sync_idle(worker)
-
-
 def worker_done(worker: int) -> Future:
     """A worker stopped; completes once every worker has."""
     return _current().worker_done(worker)
@@ -613,9 +599,9 @@ def add_clicks(name: str, ids: torch.Tensor, clicks: torch.Tensor) -> None:
 
 HANDLERS = {
     f.__name__: f
-    for f in (describe, pull_tables, pull_step, pull_dense, push, push_sync, sync_idle, geo_push,
-              worker_done, barrier, save, commit_save, load, table_size, set_pass, shrink,
-              table_stats, add_clicks)
+    for f in (describe, pull_tables, pull_step, pull_dense, push, push_sync, geo_push, worker_done,
+              barrier, save, commit_save, load, table_size, set_pass, shrink, table_stats,
+              add_clicks)
 }
 
 

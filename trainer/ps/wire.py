@@ -414,7 +414,6 @@ OPS: dict[str, tuple[Any, ...]] = {
     "pull_dense": (),
     "push": ("int", _SPARSE, _DENSE),
     "push_sync": ("int", _SPARSE, _DENSE),
-    "sync_idle": ("int",),
     "geo_push": ("int", _SPARSE, _DENSE),
     "worker_done": ("int",),
     "barrier": ("int",),
