@@ -357,25 +357,34 @@ def test_sync_with_uneven_data_averages_the_workers_that_still_train(tmp_path, s
     assert_same_as_checkpoint(model, str(tmp_path / "ckpt"))
 
 
+def run_worker_0(tmp_path: Path, base: dict, worker: dict, env: dict) -> tuple[int, str]:
+    """Starts the servers of ``base`` and worker 0 (``worker`` overrides its
+    config) and waits for the worker to end (60 s at most); every process is
+    then stopped. Returns its exit status and its log."""
+    procs = [start({**base, "role": "server", "index": i}, tmp_path, f"server{i}", env)
+             for i in range(len(base["servers"]))]
+    try:
+        procs.append(start({**base, **worker, "role": "worker", "index": 0}, tmp_path,
+                           "worker0", env))
+        returncode = procs[-1].wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return returncode, (tmp_path / "worker0.log").read_text()
+
+
 @pytest.mark.distributed
 def test_a_sync_step_that_waits_too_long_names_the_start_timeout(tmp_path):
     """A synchronous step waits for the whole job, bounded by the start
     timeout: its error names that setting and its value, not the call's."""
+    env = {"FLEETFEED_PS_START_TIMEOUT": "3", "FLEETFEED_PS_TIMEOUT": "20"}
     with reserved_ports(1) as ports:  # the server listens on it
         eps = [f"127.0.0.1:{p}" for p in ports]
         base = {"servers": eps, "workers": 2, "mode": "sync", "out": str(tmp_path / "result"),
                 "records": 100}
-        env = {"FLEETFEED_PS_START_TIMEOUT": "3", "FLEETFEED_PS_TIMEOUT": "20"}
-        procs = [start({**base, "role": "server", "index": 0}, tmp_path, "server0", env),
-                 start({**base, "role": "worker", "index": 0}, tmp_path, "worker0", env)]
-        try:  # worker 1 never comes
-            returncode = procs[1].wait(timeout=60)
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    log = (tmp_path / "worker0.log").read_text()
+        returncode, log = run_worker_0(tmp_path, base, {}, env)  # worker 1 never comes
     assert returncode != 0
     assert "did not answer push_sync: no answer in time (bound: 3s, " \
            "FLEETFEED_PS_START_TIMEOUT)" in log, log[-2000:]
@@ -391,19 +400,8 @@ def test_a_worker_configured_otherwise_than_the_servers_is_refused(tmp_path, cha
         eps = [f"127.0.0.1:{p}" for p in ports]
         base = {"servers": eps, "workers": 1, "mode": "async", "out": str(tmp_path / "result"),
                 "records": 100}
-        procs = [start({**base, "role": "server", "index": i}, tmp_path, f"server{i}")
-                 for i in range(2)]
         worker = {"order": {"servers": eps[::-1]}, "workers": {"workers": 2}}[change]
-        try:
-            procs.append(start({**base, **worker, "role": "worker", "index": 0}, tmp_path,
-                               "worker0", {"FLEETFEED_PS_TIMEOUT": "10"}))
-            returncode = procs[-1].wait(timeout=60)
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    log = (tmp_path / "worker0.log").read_text()
+        returncode, log = run_worker_0(tmp_path, base, worker, {"FLEETFEED_PS_TIMEOUT": "10"})
     assert returncode != 0, log[-2000:]
     expected = {
         "order": f"parameter server 0 at {eps[1]} is server 1 of 2 in a job of 1 workers; "
