@@ -197,8 +197,8 @@ def staging_dir(dirname: str, new_files: Sequence[str] = ()) -> str:
     """A fresh temporary directory beside ``dirname`` to write a checkpoint into
     (``CheckpointError`` first when ``dirname`` may not be replaced:
     ``check_replaceable``, with the names of the extra files it will hold);
-    what earlier saves of this host whose processes are gone left beside it
-    is removed (``remove_abandoned``)."""
+    what earlier saves of this process space (host, boot, pid namespace)
+    whose processes are gone left beside it is removed (``remove_abandoned``)."""
     check_replaceable(dirname, new_files)
     # A save that died (a crash, a kill) left its staging directory, as large
     # as a checkpoint: a job that restarts and saves here again removes it.
