@@ -3,8 +3,9 @@
 The target is a real ``ServerEndpoint`` serving the real handlers of
 ``trainer.ps.server`` (one table, two dense parameters, two workers) in a
 process of its own, so that its resident memory can be read and a crash shows
-as the process dying. ``save`` and ``load`` are refused there: a key holder may
-write anywhere by design, and a fuzzer must not.
+as the process dying. ``save`` and ``load`` are refused there: their root is the
+server's working directory (the repository) unless ``FLEETFEED_CHECKPOINT_ROOT``
+names another, and a fuzzer must write nowhere.
 
 The fuzzer holds the job key and sends mutations of valid requests (random
 bytes, huge integers, deep nesting, bad shapes and dtypes, truncations, wrong
@@ -257,7 +258,9 @@ def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
 
 
 def seed_messages() -> list[list[bytes]]:
-    """One valid request per operation but save/load, as a worker encodes them."""
+    """One valid request per operation of ``server.HANDLERS``, as a worker
+    encodes them (the target refuses save and load, but their requests still
+    pass the wire's checks, and mutations of them exercise the decoder)."""
     import torch
 
     ids = torch.tensor([3, -7, 2**62, 11, 5], dtype=torch.int64)
@@ -274,6 +277,11 @@ def seed_messages() -> list[list[bytes]]:
         "geo_push": [1, sparse, dense],
         "worker_done": [1],
         "barrier": [0],
+        # Directories under a server's checkpoint root; the target refuses both.
+        "save": ["checkpoints/pass-2", "delta"],
+        # A save's token and a checkpoint state are uuid4 hex (runtime.save_persistables).
+        "commit_save": ["0f3c9a1e5b7d4c2a8e6f1b3d5a7c9e0f", "6b1d8f3a2c4e4a9b8d7f6e5c4b3a2d1e"],
+        "load": ["checkpoints/pass-1"],
         "table_size": [TARGET_TABLE],
         "set_pass": [2],
         "shrink": [],

@@ -15,8 +15,24 @@ import pytest
 import wire_fuzz
 from support import reserved_ports
 
+from trainer.ps import server, wire
+
 FUZZ_SECONDS = 12.0
 BATCH = 400
+
+
+def test_seeds_are_valid_requests_for_every_server_operation():
+    # An operation without a seed would only be reached by mutations of others'.
+    seeded = []
+    for frames in wire_fuzz.seed_messages():
+        header, body = wire.decode(frames)  # as the server's endpoint reads a request
+        wire.check_args(header.get("op"), body)  # a seed the wire refuses fuzzes nothing
+        seeded.append(header["op"])
+    missing = sorted(set(server.HANDLERS) - set(seeded))
+    assert not missing, (
+        f"expected a seed message for every operation of trainer.ps.server.HANDLERS, "
+        f"found none for {missing} (add them to wire_fuzz.seed_messages)"
+    )
 
 
 @pytest.mark.slow
