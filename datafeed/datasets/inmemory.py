@@ -186,18 +186,21 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
     # -- the parsed-data cache (datafeed/records/cache.py) -------------------------------------
 
     def _reader_settings(self) -> dict[str, Any]:
-        """The settings that decide which records a file gives: a cache made
-        under others is stale. (What a pipe command's script does is not seen:
-        after editing a reader.py, delete the cache.)"""
+        """The settings that decide which records a file gives, and digests of
+        the reader's code (``cache.reader_code``): a cache made under others is
+        stale."""
         s = self._settings.as_dict()
         generator = s.get("data_generator")
+        name = None
         if generator is not None:
             kind = generator if isinstance(generator, type) else type(generator)
-            generator = f"{kind.__module__}.{kind.__qualname__}"
+            name = f"{kind.__module__}.{kind.__qualname__}"
+        commands = [] if generator is not None else [s["pipe_command"]]
         return {
             "pipe_command": s["pipe_command"], "download_cmd": s["download_cmd"],
-            "data_generator": generator, "on_bad_line": s["on_bad_line"],
+            "data_generator": name, "on_bad_line": s["on_bad_line"],
             "max_line_bytes": s["max_line_bytes"],
+            cache.READER_CODE: cache.reader_code([*commands, s["download_cmd"]], generator),
         }
 
     def _source_now(self, path: str) -> cache.SourceFile:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -292,3 +293,87 @@ def test_metadata_that_is_not_json_is_a_cache_error(tmp_path, files):
         writer.write_table(table)
     with pytest.raises(CacheError, match="has metadata that is not JSON"):
         dataset(files).load_cache(str(path))
+
+
+def test_a_cache_made_before_the_readers_code_changed_is_refused(tmp_path, files, monkeypatch):
+    # The command's files, named relative to the working directory as users do.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "filter.sh").write_text("cat\n")
+    (tmp_path / "conf.txt").write_text("a\n")
+    command = "sh filter.sh --conf=conf.txt"
+    made = dataset(files, pipe_command=command)
+    made.load_into_memory()
+    made.save_cache("c.arrow")
+    dataset(files, pipe_command=command).load_cache("c.arrow")  # nothing changed: loaded
+    (tmp_path / "filter.sh").write_text("grep -v '^3 '\n")  # fewer records from now on
+    with pytest.raises(CacheError, match=r"other reader settings \(the reader's code: "
+                       r"file filter.sh changed since\)"):
+        dataset(files, pipe_command=command).load_cache("c.arrow")
+    (tmp_path / "filter.sh").write_text("cat\n")
+    (tmp_path / "conf.txt").write_text("b\n")  # what follows "=" is read too
+    with pytest.raises(CacheError, match=r"file conf.txt changed since"):
+        dataset(files, pipe_command=command).load_cache("c.arrow")
+    (tmp_path / "conf.txt").write_text("a\n")
+    dataset(files, pipe_command=command).load_cache("c.arrow")  # the same bytes again: loaded
+    # The target of an output redirection is the command's output, not its code.
+    logged = f"{command} 2>> reader.log"
+    (tmp_path / "reader.log").write_text("old\n")
+    made = dataset(files, pipe_command=logged)
+    made.load_into_memory()
+    made.save_cache("c.arrow")
+    (tmp_path / "reader.log").write_text("new\n")
+    dataset(files, pipe_command=logged).load_cache("c.arrow")
+
+
+GENERATOR_MODULE = '''
+from generators import MultiSlotDataGenerator
+
+SCALE = 1.0
+
+
+class Reader(MultiSlotDataGenerator):
+    def generate_sample(self, line):
+        def sample():
+            fields = [int(x) for x in line.split()]
+            yield [("dense", [SCALE * fields[0]] * 3), ("ids", [fields[1]]),
+                   ("signed", [fields[2]]), ("label", [fields[3]])]
+        return sample
+'''
+
+
+def test_a_cache_made_before_the_generators_module_changed_is_refused(tmp_path, monkeypatch):
+    import importlib
+
+    lines = tmp_path / "in.txt"
+    lines.write_text("".join(f"{i} {i * 10} {-i} {i % 2}\n" for i in range(9)))
+    (tmp_path / "cached_reader.py").write_text(GENERATOR_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "cached_reader", raising=False)
+    reader = importlib.import_module("cached_reader").Reader
+    made = dataset([str(lines)], data_generator=reader)
+    made.load_into_memory()
+    made.save_cache(tmp_path / "c.arrow")
+    dataset([str(lines)], data_generator=reader()).load_cache(tmp_path / "c.arrow")  # same code
+    # A module-level constant the class reads changes the records.
+    (tmp_path / "cached_reader.py").write_text(GENERATOR_MODULE.replace("1.0", "2.0"))
+    with pytest.raises(CacheError, match=r"the reader's code: class cached_reader.Reader "
+                       r"changed since"):
+        dataset([str(lines)], data_generator=reader).load_cache(tmp_path / "c.arrow")
+
+
+def test_a_cache_that_does_not_record_the_readers_code_loads_with_a_warning(
+    tmp_path, files, caplog
+):
+    path = tmp_path / "c.arrow"
+    made = dataset(files)
+    made.load_into_memory()
+    made.save_cache(path)
+    rewrite_metadata(path, lambda meta: meta["reader"].pop("reader_code"))
+    with caplog.at_level("WARNING", logger="datafeed"):
+        loaded = dataset(files)
+        loaded.load_cache(path)
+    assert loaded.to_arrow().equals(made.to_arrow())
+    assert "does not record its reader's code" in caplog.text
+    # Its other settings are still checked.
+    with pytest.raises(CacheError, match="on_bad_line 'raise' -> 'skip'"):
+        dataset(files, on_bad_line="skip").load_cache(path)
