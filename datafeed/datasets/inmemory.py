@@ -32,7 +32,7 @@ from ..records.memory import callers_objects_frozen, release_free_memory
 from ..records.stats import FileStats
 from ..records.store import PermutedRows, RecordStore
 from ..reorder import collectives, global_shuffle, merge, shuffle
-from ..source import fs
+from ..source import fs, reader_code
 from .dataset_base import DatasetBase
 from .paddle_compat import PaddleInMemoryDataset
 from .progress import LoadProgress, progress_enabled
@@ -67,6 +67,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # What the records in memory came from, for save_cache().
         self._sources: list[cache.SourceFile] = []
         self._source_stats: list[FileStats] = []
+        # The digests of the reader's code as the last load ran it, and the
+        # files that load changed (its output: not checked), for save_cache().
+        self._reader_code: tuple[dict[str, str], list[str]] | None = None
         # A global_shuffle() with no other worker: Paddle's shuffle count is then 0.
         self._shuffled_alone = False
         self._shared: shared_records.SharedRecords | None = None  # share_records()
@@ -132,6 +135,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # Taken before reading: a file that changes during the load makes the
         # cache stale rather than silently blessed.
         sources = [self._source_now(p) for p in self._filelist]
+        code_before = self._reader_code_now()
         if cache_path is not None and any(s.size is None for s in sources):
             raise CacheError(
                 f"the cache setting ({cache_path}) needs each file's size and mtime to tell "
@@ -160,6 +164,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
+        changed = reader_code.changed_across_load(code_before, self._reader_code_now())
+        self._reader_code = ({k: v for k, v in code_before.items() if k not in changed}, changed)
         release_free_memory()  # the parsers' buffers, freed with their threads
         self._log_load(stats)
         if cache_path is not None:
@@ -186,22 +192,29 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
     # -- the parsed-data cache (datafeed/records/cache.py) -------------------------------------
 
     def _reader_settings(self) -> dict[str, Any]:
-        """The settings that decide which records a file gives, and digests of
-        the reader's code (``cache.reader_code``): a cache made under others is
-        stale."""
+        """The settings that decide which records a file gives: a cache made
+        under others is stale (and so is one made before the reader's code
+        changed: ``_reader_code_now``)."""
         s = self._settings.as_dict()
         generator = s.get("data_generator")
-        name = None
         if generator is not None:
             kind = generator if isinstance(generator, type) else type(generator)
-            name = f"{kind.__module__}.{kind.__qualname__}"
-        commands = [] if generator is not None else [s["pipe_command"]]
+            generator = f"{kind.__module__}.{kind.__qualname__}"
         return {
             "pipe_command": s["pipe_command"], "download_cmd": s["download_cmd"],
-            "data_generator": name, "on_bad_line": s["on_bad_line"],
+            "data_generator": generator, "on_bad_line": s["on_bad_line"],
             "max_line_bytes": s["max_line_bytes"],
-            cache.READER_CODE: cache.reader_code([*commands, s["download_cmd"]], generator),
         }
+
+    def _reader_commands(self) -> list[str | None]:
+        """The commands whose files are the reader's code (a generator runs
+        in place of the pipe command)."""
+        s = self._settings.as_dict()
+        pipe = [] if s.get("data_generator") is not None else [s["pipe_command"]]
+        return [*pipe, s["download_cmd"]]
+
+    def _reader_code_now(self) -> dict[str, str]:
+        return reader_code.digests(self._reader_commands(), self._settings["data_generator"])
 
     def _source_now(self, path: str) -> cache.SourceFile:
         """A source file's size and mtime now, local or through its filesystem."""
@@ -232,9 +245,11 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 "are unknown (read through download_cmd), so a cache of them could never "
                 "be checked for staleness; use a pyarrow.fs filesystem or local files"
             )
+        code, changed = self._reader_code or (self._reader_code_now(), [])
+        reader_code.warn_unseen(self._reader_commands(), changed, os.fspath(path))
         cache.write_cache(
             os.fspath(path), store.schema, store.copy_pieces(), self._sources,
-            self._source_stats, self._reader_settings(),
+            self._source_stats, {**self._reader_settings(), cache.READER_CODE: code},
         )
         logger.info("saved %d records to cache %s", store.rows, os.fspath(path))
 
@@ -255,9 +270,10 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         if not len(self.schema):
             raise SchemaError("load_cache: no slots declared; call init(use_var=[...]) first")
         path = os.fspath(path)
+        code = self._reader_code_now()
         chunks, stats, sources = cache.read_cache(
-            path, self._record_schema, self._filelist, self._reader_settings(),
-            stat=self._source_now,
+            path, self._record_schema, self._filelist,
+            {**self._reader_settings(), cache.READER_CODE: code}, stat=self._source_now,
         )
         store = self._store_of_schema("load_cache")
         store.extend(chunks)
@@ -266,6 +282,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
+        self._reader_code = (code, [])
         logger.info("loaded %d records from cache %s in %.3f s", stats.records, path, stats.seconds)
 
     # -- shuffling ---------------------------------------------------------------------
@@ -536,6 +553,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._store = None
         self._shuffled_alone = False
         self._sources, self._source_stats = [], []
+        self._reader_code = None
         self._shuffles.forget_order()
         self._position = self._new_position()
         release_free_memory()

@@ -20,8 +20,8 @@ torch wants, and pages are shared with the page cache until written) and
 makes every column a numpy view of the mapping: no copy, no parse; pages are
 read on first touch. A cache whose slots differ from ``use_var``, whose
 sources differ from the file list, whose sources changed on disk (size or
-mtime), or whose reader changed (its settings, or the code ``reader_code``
-digests: the files its command names, the generator's module) is refused with
+mtime), or whose reader changed (its settings, or the code that
+``datafeed.source.reader_code`` digests) is refused with
 a ``CacheError`` that says what differs. Nothing in the
 file is trusted: a compressed body (which pyarrow would decompress into memory
 outside the mapping, leaving the views empty), nulls, buffers outside the file,
@@ -33,14 +33,10 @@ a reader never sees half a file.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import logging
 import mmap
 import os
-import shlex
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -69,11 +65,9 @@ METADATA_KEY = b"fleetfeed.cache"
 FORMAT = "fleetfeed-cache"
 VERSION = 1
 
-#: The reader settings' entry that holds ``reader_code``'s digests.
+#: The reader settings' entry that holds the digests of the reader's code
+#: (``datafeed.source.reader_code``).
 READER_CODE = "reader_code"
-#: A file a command names that is larger than this (an interpreter, a data
-#: file) is checked by its size and mtime rather than read whole at each load.
-DIGEST_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -93,91 +87,6 @@ class SourceFile:
 def source_key(path: str) -> str:
     """How a cache names a source: a URI as given, a local path made absolute."""
     return path if "://" in path else os.path.abspath(path)
-
-
-def reader_code(commands: Sequence[str | None], generator: Any) -> dict[str, str | None]:
-    """Digests of the code that turns the files into records, beyond the
-    settings, so that a cache made before an edit of ``reader.py`` is stale.
-
-    * Each file a command names: every word of ``commands`` (and what follows
-      ``=`` in a word) that is an existing file, relative to the working
-      directory the commands run in: ``reader.py`` and ``conf.yaml`` in
-      ``python reader.py --conf=conf.yaml``, but not the target of an output
-      redirection (``2>> reader.log``). Key ``file <word>``: the sha256 of its
-      bytes (above ``DIGEST_LIMIT``: its size and mtime).
-    * A ``data_generator`` (a class or an instance of one): the sha256 of its
-      module's file, or of the class's own source when it is defined in
-      ``__main__``, whose other edits (the training script's) change no record.
-      Key ``class <module>.<name>``; None when Python cannot find the source.
-
-    Taken when the cache is written, after the readers ran, so that a file a
-    command writes (a log) is taken as it stands while the cache is used.
-    Not seen: modules those files import, a ``python -m`` module, an instance's
-    attributes, anything a command downloads.
-    """
-    code: dict[str, str | None] = {}
-    for command in commands:
-        for word in _command_words(command or ""):
-            for candidate in (word, *word.split("=", 1)[1:]):
-                if candidate and os.path.isfile(candidate):
-                    code[f"file {candidate}"] = _file_digest(candidate)
-    if generator is not None:
-        kind = generator if isinstance(generator, type) else type(generator)
-        code[f"class {kind.__module__}.{kind.__qualname__}"] = _class_digest(kind)
-    return code
-
-
-def _command_words(command: str) -> list[str]:
-    """The words of a shell command, without output redirections and their
-    targets (files the command writes, not code it runs)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:  # unbalanced quotes: the shell will say so when it runs
-        words = command.split()
-    kept, target_next = [], False
-    for word in words:
-        if target_next:
-            target_next = False
-        elif ">" in word:
-            # "2>>", ">", "&>" alone: the next word is the target; "2>log": this one.
-            target_next = word.rstrip(">|&") == "" or word.rstrip(">|&").isdigit()
-        else:
-            kept.append(word)
-    return kept
-
-
-def _file_digest(path: str) -> str:
-    size = os.path.getsize(path)
-    if size > DIGEST_LIMIT:
-        return f"{size} bytes, mtime_ns {os.stat(path).st_mtime_ns}"
-    with open(path, "rb") as file:
-        return "sha256 " + hashlib.sha256(file.read()).hexdigest()
-
-
-def _class_digest(kind: type) -> str | None:
-    path = _class_file(kind)
-    if path is None or not os.path.isfile(path):
-        return None
-    if kind.__module__ != "__main__":
-        return _file_digest(path)
-    try:
-        source = inspect.getsource(kind)
-    except (OSError, TypeError):  # defined by exec or in an interactive session
-        return None
-    return "sha256 " + hashlib.sha256(source.encode()).hexdigest()
-
-
-def _class_file(kind: type) -> str | None:
-    """The file a class was defined in: its module's, or (a module loaded
-    without a name in ``sys.modules``) that of a function of the class."""
-    path = getattr(sys.modules.get(kind.__module__), "__file__", None)
-    if path:
-        return path
-    for value in vars(kind).values():
-        code = getattr(value, "__code__", None)
-        if code is not None:
-            return code.co_filename
-    return None
 
 
 def write_cache(

@@ -325,6 +325,71 @@ def test_a_cache_made_before_the_readers_code_changed_is_refused(tmp_path, files
     dataset(files, pipe_command=logged).load_cache("c.arrow")
 
 
+def test_files_the_readers_write_are_not_their_code(tmp_path, files, monkeypatch, caplog):
+    # A log the command names as a word changes while the readers run, so it
+    # is their output (said in a warning); one that tee writes is never read.
+    # A later load that writes the log again does not make the cache stale.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "filter.sh").write_text('cat; echo "$$" >> "${1#--log=}"\n')
+    (tmp_path / "run.log").write_text("")
+    (tmp_path / "out.log").write_text("")
+    for command, warned in [("sh filter.sh --log=run.log", True),
+                            ("sh filter.sh /dev/null | tee -a out.log", False)]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="datafeed"):
+            dataset(files, pipe_command=command, cache="c.arrow").load_into_memory()
+        said = "changed while the readers ran: taken as their output"
+        assert (said in caplog.text) == warned, caplog.text
+        assert ("file run.log changed" in caplog.text) == warned
+        dataset(files, pipe_command=command).load_into_memory()  # writes the log again
+        dataset(files, pipe_command=command).load_cache("c.arrow")
+        (tmp_path / "filter.sh").write_text('cat; echo "$$" >> "${1#--log=}" # edited\n')
+        with pytest.raises(CacheError, match="file filter.sh changed since"):
+            dataset(files, pipe_command=command).load_cache("c.arrow")
+        (tmp_path / "filter.sh").write_text('cat; echo "$$" >> "${1#--log=}"\n')
+        os.unlink("c.arrow")
+    assert len((tmp_path / "out.log").read_text()) > 0
+
+
+@pytest.mark.parametrize("command, word", [
+    ("cd sub && sh filter.sh", "filter.sh"),  # relative to the cd
+    ("sh -c 'sh sub/filter.sh'", "sub/filter.sh"),  # a shell's script
+    ("sh $READER_DIR/filter.sh", "$READER_DIR/filter.sh"),  # a variable
+])
+def test_the_readers_file_is_found_as_the_shell_finds_it(tmp_path, files, monkeypatch,
+                                                          command, word):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("READER_DIR", str(tmp_path / "sub"))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "filter.sh").write_text("cat\n")
+    (tmp_path / "filter.sh").write_text("cat\n")  # a decoy where the words alone point
+    made = dataset(files, pipe_command=command)
+    made.load_into_memory()
+    made.save_cache("c.arrow")
+    (tmp_path / "sub" / "filter.sh").write_text("grep -v '^3 '\n")
+    with pytest.raises(CacheError, match=rf"file {re.escape(word)} changed since"):
+        dataset(files, pipe_command=command).load_cache("c.arrow")
+
+
+def test_a_command_whose_code_cannot_be_seen_is_named_in_a_warning(
+    tmp_path, files, monkeypatch, caplog
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "echo_reader.py").write_text("import sys\nsys.stdout.write(sys.stdin.read())\n")
+    made = dataset(files, pipe_command=f"{sys.executable} -m echo_reader")
+    made.load_into_memory()
+    with caplog.at_level("WARNING", logger="datafeed"):
+        made.save_cache(tmp_path / "c.arrow")
+    assert "cannot see the code of the command" in caplog.text and "-m echo_reader" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="datafeed"):
+        dataset(files, pipe_command=f"{sys.executable} -m echo_reader").load_into_memory()
+        inline = dataset(files, pipe_command="grep -v x")  # its code is its text
+        inline.load_into_memory()
+        inline.save_cache(tmp_path / "d.arrow")
+    assert caplog.text == ""  # a load without a cache says nothing
+
+
 GENERATOR_MODULE = '''
 from generators import MultiSlotDataGenerator
 
