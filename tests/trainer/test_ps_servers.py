@@ -391,6 +391,40 @@ def test_another_optimizers_state_is_not_restored(tmp_path, table_name, caplog):
     assert [p.tolist() for p in model.parameters()] == [expected[i][0] for i in range(4)]
 
 
+def test_a_server_refuses_ids_it_does_not_own_before_any_change(table_name):
+    """A worker whose server list is not the job's (or a hostile key holder)
+    would put rows beside their owner's: every message that names ids is
+    refused whole, naming an id and its owner."""
+    from trainer.ps import server as handlers
+
+    servers = make_servers(table_name, 3)
+    server = servers[1]
+    ids = np.arange(200, dtype=np.int64)
+    owners = shard_of(as_u64(ids), 3)
+    mine, foreign = ids[owners == 1][:5], ids[owners == 2][:1]
+    mixed = torch.from_numpy(np.concatenate([mine, foreign]))  # the stranger comes last
+    grads = torch.ones(len(mixed), 4)
+    said = (rf"server 1 of 3: .*expected ids this server owns, found id {int(foreign[0])}, "
+            r"which server 2 owns \(is the sender's server list this job's")
+    handlers.install(server)
+    try:
+        for send in [
+            lambda: server.pull_step(0, [table_name], mixed),
+            lambda: handlers.pull_tables([table_name], mixed, True),
+            lambda: server.push({table_name: (mixed, grads)}, {}, 0),
+            lambda: server.geo_push({table_name: (mixed, grads)}, {}),
+            lambda: server.push_sync(0, {table_name: (mixed, grads)}, {}),
+            lambda: handlers.add_clicks(table_name, mixed, torch.ones(len(mixed))),
+        ]:
+            with pytest.raises(ValueError, match=said):
+                send()
+        assert len(server.tables[table_name]) == 0  # no row of either kind was made
+        server.pull_step(0, [table_name], torch.from_numpy(mine))  # its own ids: served
+        assert len(server.tables[table_name]) == len(mine)
+    finally:
+        handlers.install(None)
+
+
 # -- jobs ---------------------------------------------------------------------------------
 
 JOBS = [("sync", 2), ("async", 2), ("geo", 2), ("sync", 3), ("async", 3), ("geo", 3)]

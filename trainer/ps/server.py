@@ -38,6 +38,7 @@ from .checkpoint import directory as checkpoint
 from .checkpoint import table_files
 from .checkpoint.confined import checkpoint_root, confined_directory
 from .placement import dense_owners
+from .tables.ids import first_not_owned
 from .tables.step_rows import PulledRows, pull_numbered, push_numbered
 from .tables.table import SparseTable, as_u64, shard_of
 
@@ -117,6 +118,24 @@ class ParameterServer:
             )
         return worker
 
+    def check_ids(self, ids: np.ndarray, what: str) -> None:
+        """Refuses ids this server does not own (``ids.shard_of``): their rows
+        would live beside the owner's, and a load of the checkpoint would keep
+        one of the two, so the model would change without a word.
+
+        Raises:
+            ValueError: naming the first such id and its server; nothing was applied.
+        """
+        foreign = first_not_owned(ids, self.server_num, self.index)
+        if foreign >= 0:
+            bad = ids[foreign : foreign + 1]
+            raise ValueError(
+                f"server {self.index} of {self.server_num}: {what}: expected ids this server "
+                f"owns, found id {int(bad[0])}, which server "
+                f"{int(shard_of(bad, self.server_num)[0])} owns (is the sender's server list "
+                "this job's, in this order?)"
+            )
+
     def check_gradients(self, sparse: SparsePart, dense: DensePart, what: str) -> None:
         """Refuses a push that would corrupt the model rather than apply it: a
         dense index this server does not own (-1 would reach the last
@@ -143,6 +162,7 @@ class ParameterServer:
                             f"{where}: dense parameter {i}")
         for name, (ids, values) in sparse.items():
             table = self.table(name)
+            self.check_ids(as_u64(ids), f"{where}: table {name!r}")
             if values.dim() != 2 or values.shape != (ids.shape[0], table.dim):
                 raise ValueError(
                     f"{where}: table {name!r} expected values of shape ({ids.shape[0]}, "
@@ -206,6 +226,7 @@ class ParameterServer:
         for the push of their gradients (``step_rows``)."""
         self.check_worker(worker)
         u64 = as_u64(ids)
+        self.check_ids(u64, f"worker {worker}'s pull")
         out = []
         for name in names:
             rows, pulled = pull_numbered(self.table(name), u64)
@@ -499,6 +520,7 @@ def describe() -> dict[str, Any]:
 def pull_tables(names: Sequence[str], ids: torch.Tensor, create: bool) -> list[torch.Tensor]:
     """The rows of the same distinct ids from several tables (one round trip)."""
     server = _current()
+    server.check_ids(as_u64(ids), "pull")
     return [server.table(name).pull(ids, create=create) for name in names]
 
 
@@ -594,7 +616,9 @@ def table_stats() -> dict[str, dict[str, int]]:
 
 def add_clicks(name: str, ids: torch.Tensor, clicks: torch.Tensor) -> None:
     """Adds clicks to rows of table ``name`` (one per distinct id)."""
-    _current().table(name).add_clicks(ids, clicks.numpy())
+    server = _current()
+    server.check_ids(as_u64(ids), f"clicks of table {name!r}")
+    server.table(name).add_clicks(ids, clicks.numpy())
 
 
 HANDLERS = {

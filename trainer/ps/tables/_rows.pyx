@@ -119,6 +119,21 @@ cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
     return x
 
 
+def first_foreign_id(ids, uint64_t shards, uint64_t shard):
+    """The position of the first of ``ids`` that server ``shard`` of
+    ``shards`` does not own (``ids.shard_of``, which this must equal), or -1."""
+    cdef const uint64_t[::1] keys = _as_u64(ids)
+    cdef Py_ssize_t i, n = keys.shape[0], found = -1
+    if shards <= 1:
+        return -1
+    with nogil:
+        for i in range(n):
+            if (_mix64(keys[i] ^ <uint64_t>0x5EED) >> 33) % shards != shard:
+                found = i
+                break
+    return found
+
+
 def _as_u64(ids):
     ids = np.ascontiguousarray(ids).reshape(-1)
     if ids.dtype == np.uint64:
