@@ -92,10 +92,17 @@ def auc(labels: Any, scores: Any) -> float:
 class StreamingAUC:
     """AUC over any number of batches, in fixed memory (Paddle's bucketed ``auc``).
 
-    Scores are probabilities: a score ``s`` falls in bucket
-    ``floor(s * num_thresholds)`` (values outside [0, 1] are clipped), and scores
-    in the same bucket count as ties. With the default 4095 thresholds the result
-    is within about 1e-3 of the exact AUC for well-spread scores.
+    Scores are probabilities in [0, 1] (others are refused, as Paddle's op
+    refuses them: give ``torch.sigmoid(logits)``, not logits). A score ``s``
+    falls in bucket ``floor(s * num_thresholds)``, the product taken in the
+    scores' own float type as Paddle's kernel takes it (float32 scores in
+    float32), so every score lands in Paddle's bucket; scores in the same bucket
+    count as ties. With the default 4095 thresholds the result is within about
+    1e-3 of the exact AUC for well-spread scores.
+
+    ``compute`` is the AUC of everything since the last ``reset``: Paddle's
+    cumulative ``auc`` output, not its ``batch_auc`` (there is no sliding
+    window: ``reset`` starts a new one).
 
     Thread-safe: ``update`` may be called from several threads.
 
@@ -115,10 +122,21 @@ class StreamingAUC:
         """Adds a batch: 0/1 ``labels`` and probability ``scores`` of equal size.
 
         Raises:
-            ValueError: on mismatched lengths, non-binary labels or NaN scores.
+            ValueError: on mismatched lengths, non-binary labels, NaN scores or
+                scores outside [0, 1].
         """
         positive, score = _labels_and_scores(labels, scores)
-        bucket = np.clip(score * self.num_thresholds, 0, self.num_thresholds).astype(np.int64)
+        outside = (score < 0) | (score > 1)
+        if outside.any():
+            raise ValueError(
+                f"StreamingAUC.update: expected probabilities in [0, 1], found "
+                f"{int(outside.sum())} of {score.size} scores outside, e.g. "
+                f"{score[outside][:3].tolist()} (logits? give torch.sigmoid(logits))"
+            )
+        given = _as_numpy(scores)
+        if given.dtype in (np.float32, np.float64):
+            score = given  # Paddle's kernel multiplies in the scores' own type
+        bucket = (score * score.dtype.type(self.num_thresholds)).astype(np.int64)
         size = self.num_thresholds + 1
         pos = np.bincount(bucket[positive], minlength=size)
         neg = np.bincount(bucket[~positive], minlength=size)

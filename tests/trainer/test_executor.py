@@ -332,6 +332,30 @@ def test_auc_errors():
         StreamingAUC().compute()
 
 
+def test_streaming_auc_refuses_scores_that_are_not_probabilities():
+    # Paddle's auc op refuses them; clipping logits into the end buckets gave
+    # 0.74 for an exact 0.80, without a word.
+    metric = StreamingAUC()
+    with pytest.raises(ValueError, match=r"expected probabilities in \[0, 1\], found 2 of 4 "
+                       r"scores outside, e.g. \[-0.5, 7.3\] \(logits\? give torch.sigmoid"):
+        metric.update([0, 1, 0, 1], torch.tensor([0.2, 1.0, -0.5, 7.3], dtype=torch.float64))
+    assert metric.count == 0  # nothing of the batch was counted
+    metric.update([0, 1], [0.0, 1.0])  # the ends are probabilities
+    assert metric.state()[:, [0, -1]].tolist() == [[0, 1], [1, 0]]
+
+
+def test_streaming_auc_buckets_as_paddles_kernel_multiplies():
+    # Paddle's kernel takes uint32(p * num_thresholds) in the scores' type:
+    # float32(0.005) * 1000 is 5 in float32, 4.99999989 in float64.
+    metric = StreamingAUC(num_thresholds=1000)
+    metric.update([1, 0], torch.tensor([0.005, 0.007], dtype=torch.float32))
+    assert np.flatnonzero(metric.state()[0]).tolist() == [5]
+    assert np.flatnonzero(metric.state()[1]).tolist() == [7]
+    wide = StreamingAUC(num_thresholds=1000)
+    wide.update([1], np.array([np.float32(0.005)], dtype=np.float64))  # as float64: bucket 4
+    assert np.flatnonzero(wide.state()[0]).tolist() == [4]
+
+
 def test_place_moves_batches_to_the_device(tmp_path):
     dataset = make(InMemoryDataset, write_files(tmp_path, files=1, per_file=40))
     devices = []
