@@ -37,6 +37,13 @@ FLEETFEED_SETTINGS: dict[str, Any] = {
     # The filesystem of plain (non-URI) filelist entries: a pyarrow.fs or
     # fsspec filesystem (datafeed/source/fs.py). URIs name their own filesystem.
     "filesystem": None,
+    # With fewer files than thread_num, read large local files as byte ranges,
+    # each through its own reader (datafeed/source/ranges.py). None: only under
+    # pipe_command "cat", whose lines fleetfeed's parser reads one by one; a
+    # reader of its own may treat lines together (skip a header, group a
+    # session), so it reads whole files, as Paddle does, unless True says it
+    # treats each line on its own.
+    "split_files": None,
 }
 # InMemoryDataset's extra settings in Paddle (init / update_settings /
 # _init_distributed_settings), accepted so that Paddle scripts run unchanged.
@@ -131,10 +138,10 @@ def _check(name: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise SchemaError(f"the {name!r} setting must be a bool, got {value!r}")
         return value
-    if name == "progress":
+    if name in ("progress", "split_files"):
         if value is not None and not isinstance(value, bool):
             raise SchemaError(
-                f"the 'progress' setting must be None, True or False, got {value!r}"
+                f"the {name!r} setting must be None, True or False, got {value!r}"
             )
         return value
     if name == "filesystem":

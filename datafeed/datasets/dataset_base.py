@@ -18,7 +18,8 @@ from ..iterate.position import Position
 from ..records.stats import LoadStats
 from ..source import fs
 from ..source.inprocess import InProcessPool
-from ..source.readers import DEFAULT_CHUNK_ROWS, ReaderPool
+from ..source.ranges import whole_files
+from ..source.readers import DEFAULT_CHUNK_ROWS, ReaderPool, is_identity_command
 from .paddle_compat import PaddleDatasetBase
 
 logger = logging.getLogger("datafeed")
@@ -94,7 +95,10 @@ class DatasetBase(PaddleDatasetBase):
                 see ``datafeed.source.inprocess``), ``filesystem=None`` (a
                 ``pyarrow.fs`` or fsspec filesystem for plain paths; a filelist
                 entry may also be a URI such as ``s3://bucket/key?...``: see
-                ``datafeed.source.fs``); and, on InMemoryDataset,
+                ``datafeed.source.fs``), ``split_files=None`` (with fewer
+                files than threads, read large files as byte ranges at once,
+                each by its own reader: None under ``cat`` only, True for a
+                reader that treats each line on its own); and, on InMemoryDataset,
                 ``cache=None`` (a cache file path: see ``load_cache``) and
                 Paddle's distributed settings (``fleet_send_batch_size``, ...).
 
@@ -234,8 +238,28 @@ class DatasetBase(PaddleDatasetBase):
             return self._hdfs[1]
         return None
 
+    def _split_files(self, threads: int) -> bool:
+        """Whether large files may be read as byte ranges (the ``split_files``
+        setting; None: under ``cat`` only). Says once when a reader's files are
+        read whole although threads would be left idle."""
+        s = self._settings
+        if s["split_files"] is not None:
+            return s["split_files"]
+        if s["data_generator"] is None and is_identity_command(s["pipe_command"]):
+            return True
+        if len(self._filelist) < threads and not getattr(self, "_told_whole", False):
+            self._told_whole = True
+            logger.info(
+                "%d file(s) for thread_num=%d: each is read whole by one reader, as Paddle "
+                "reads them; init(split_files=True) reads large files as byte ranges at once "
+                "when the reader treats each line on its own", len(self._filelist), threads,
+            )
+        return False
+
     def _reader_pool(self, thread_num: int | None = None) -> ReaderPool | InProcessPool:
         s = self._settings
+        threads = thread_num or self._reader_threads
+        split = self._split_files(threads)
         if s["data_generator"] is not None:  # the in-process path: no pipe command
             if self._record_schema.text_fields:
                 raise SchemaError(
@@ -253,16 +277,18 @@ class DatasetBase(PaddleDatasetBase):
                 self._filelist,
                 s["data_generator"],
                 self.schema,
-                threads=thread_num or self._reader_threads,
+                threads=threads,
                 skip_bad_lines=s["on_bad_line"] == "skip",
                 max_line_bytes=s["max_line_bytes"],
                 chunk_rows=DEFAULT_CHUNK_ROWS,
+                tasks=None if split else whole_files(self._filelist),
             )
         return ReaderPool(
             self._filelist,
             s["pipe_command"],
             self._record_schema,
-            threads=thread_num or self._reader_threads,
+            threads=threads,
+            split=split,
             skip_bad_lines=s["on_bad_line"] == "skip",
             max_line_bytes=s["max_line_bytes"],
             chunk_rows=DEFAULT_CHUNK_ROWS,

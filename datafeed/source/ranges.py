@@ -51,13 +51,18 @@ def line_start_at_or_after(path: str, offset: int) -> int:
             position += len(block)
 
 
+def whole_files(paths: Sequence[str]) -> list[Task]:
+    """One task per file, read whole."""
+    return [(i, p, 0, None) for i, p in enumerate(paths)]
+
+
 def plan_tasks(paths: Sequence[str], threads: int, min_bytes: int = MIN_RANGE_BYTES) -> list[Task]:
     """Whole files, or, when there are fewer files than threads, byte ranges.
 
     Ranges of one file are listed in file order. A file gets ``threads //
     len(paths)`` ranges (at least one, and never one under ``min_bytes``).
     """
-    whole: list[Task] = [(i, p, 0, None) for i, p in enumerate(paths)]
+    whole = whole_files(paths)
     if not paths or len(paths) >= threads:
         return whole
     per_file = threads // len(paths)

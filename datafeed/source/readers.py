@@ -89,6 +89,8 @@ class ReaderPool:
         min_range_bytes: with fewer files than threads, files of at least
             this size are split into byte ranges read at once (default:
             ``ranges.MIN_RANGE_BYTES``).
+        split: whether files may be split so (the dataset's ``split_files``:
+            a command that treats lines together must read whole files).
         ordered: hand a split file's chunks on in file order (else as they come).
         filesystem: the filesystem of plain paths (datafeed/source/fs.py); URIs name
             their own. Remote files are read whole, streamed into the command.
@@ -105,6 +107,7 @@ class ReaderPool:
         max_line_bytes: int = 64 << 20,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         min_range_bytes: int | None = None,
+        split: bool = True,
         ordered: bool = True,
         read_timeout: float | None = None,
         filesystem: Any = None,
@@ -119,8 +122,8 @@ class ReaderPool:
             threads,
             ranges.MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes,
         )
-        if filesystem is not None:  # files of another filesystem are read whole
-            self.tasks = [(i, p, 0, None) for i, p in enumerate(self.paths)]
+        if filesystem is not None or not split:  # another filesystem's files: whole
+            self.tasks = ranges.whole_files(self.paths)
         self.ordered = ordered
         self.threads = max(1, min(threads, len(self.tasks) or 1))
         self.skip_bad_lines = skip_bad_lines

@@ -59,7 +59,8 @@ def test_ranges_start_at_lines_and_cover_the_file(tmp_path):
 )
 def test_one_file_split_gives_the_same_records_in_order_and_stats(big_file, command):
     whole = load([big_file], threads=1, command=command)
-    split = load([big_file], threads=4, command=command)
+    split = load([big_file], threads=4, command=command, split_files=True)
+    assert len(split._reader_pool(4).tasks) == 4
     assert split.to_arrow().equals(whole.to_arrow())
     for name in ("files", "lines", "records", "bytes"):
         assert getattr(split.stats(), name) == getattr(whole.stats(), name), name
@@ -93,6 +94,24 @@ def test_the_criteo_reader_over_ranges(tmp_path):
         return ds
 
     assert run(3).to_arrow().equals(run(1).to_arrow())
+
+
+def test_a_reader_of_its_own_reads_whole_files_unless_told_it_may_split(tmp_path, big_file):
+    # A reader that skips its file's first line (a header) loses one record per
+    # extra range when a file is split: only "cat", whose lines fleetfeed's
+    # parser reads one by one, is split unless split_files=True says so.
+    header = tmp_path / "with_header.txt"
+    header.write_text("slot names\n" + big_file.read_text())
+    skip_header = "tail -n +2"
+    for threads in (1, 4):
+        ds = load([header], threads=threads, command=skip_header)
+        assert ds.get_memory_data_size() == 400
+        assert len(ds._reader_pool(threads).tasks) == 1
+    assert len(load([big_file], threads=4)._reader_pool(4).tasks) == 4  # cat: split
+    told = load([header], threads=4, command=skip_header, split_files=True)
+    assert told.get_memory_data_size() < 400  # what the default prevents
+    unsplit = load([big_file], threads=4, split_files=False)
+    assert len(unsplit._reader_pool(4).tasks) == 1
 
 
 def test_a_bad_line_in_a_range_names_the_range(big_file):
