@@ -27,6 +27,10 @@ __all__ = ["FleetMetrics", "StreamingAUC", "auc"]
 
 logger = logging.getLogger("trainer.metrics")
 
+#: How far past [0, 1] a score may lie and still count as the end it rounds
+#: from (float32 sums of probabilities reach 1 + 2.4e-7); a logit lies further.
+ROUNDING = 1e-6
+
 
 def _as_numpy(values: Any) -> np.ndarray:
     if hasattr(values, "detach"):  # a torch tensor
@@ -93,7 +97,8 @@ class StreamingAUC:
     """AUC over any number of batches, in fixed memory (Paddle's bucketed ``auc``).
 
     Scores are probabilities in [0, 1] (others are refused, as Paddle's op
-    refuses them: give ``torch.sigmoid(logits)``, not logits). A score ``s``
+    refuses them: give ``torch.sigmoid(logits)``, not logits; a rounding of
+    up to ``ROUNDING`` past either end is taken as the end). A score ``s``
     falls in bucket ``floor(s * num_thresholds)``, the product taken in the
     scores' own float type as Paddle's kernel takes it (float32 scores in
     float32), so every score lands in Paddle's bucket; scores in the same bucket
@@ -126,7 +131,9 @@ class StreamingAUC:
                 scores outside [0, 1].
         """
         positive, score = _labels_and_scores(labels, scores)
-        outside = (score < 0) | (score > 1)
+        # A float32 mixture of probabilities can round to 1.0000001: that is
+        # no logit, and should not stop a run hours in.
+        outside = (score < -ROUNDING) | (score > 1 + ROUNDING)
         if outside.any():
             raise ValueError(
                 f"StreamingAUC.update: expected probabilities in [0, 1], found "
@@ -137,6 +144,8 @@ class StreamingAUC:
         if given.dtype in (np.float32, np.float64):
             score = given  # Paddle's kernel multiplies in the scores' own type
         bucket = (score * score.dtype.type(self.num_thresholds)).astype(np.int64)
+        # Within the rounding above, and where float32(num_thresholds) rounds up.
+        np.clip(bucket, 0, self.num_thresholds, out=bucket)
         size = self.num_thresholds + 1
         pos = np.bincount(bucket[positive], minlength=size)
         neg = np.bincount(bucket[~positive], minlength=size)

@@ -67,9 +67,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # What the records in memory came from, for save_cache().
         self._sources: list[cache.SourceFile] = []
         self._source_stats: list[FileStats] = []
-        # The digests of the reader's code as the last load ran it, and the
-        # files that load changed (its output: not checked), for save_cache().
-        self._reader_code: tuple[dict[str, str], list[str]] | None = None
+        # The reader's settings and code as the last load ran them, for
+        # save_cache() (a setting changed since did not make these records).
+        self._loaded_reader: tuple[dict[str, Any], reader_code.LoadedCode] | None = None
         # A global_shuffle() with no other worker: Paddle's shuffle count is then 0.
         self._shuffled_alone = False
         self._shared: shared_records.SharedRecords | None = None  # share_records()
@@ -135,7 +135,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # Taken before reading: a file that changes during the load makes the
         # cache stale rather than silently blessed.
         sources = [self._source_now(p) for p in self._filelist]
-        code_before = self._reader_code_now()
+        settings_before, code_before = self._reader_settings(), self._reader_code_now()
         if cache_path is not None and any(s.size is None for s in sources):
             raise CacheError(
                 f"the cache setting ({cache_path}) needs each file's size and mtime to tell "
@@ -164,11 +164,17 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
-        changed = reader_code.changed_across_load(code_before, self._reader_code_now())
-        self._reader_code = ({k: v for k, v in code_before.items() if k not in changed}, changed)
+        loaded = reader_code.LoadedCode.across(code_before, self._reader_code_now())
+        self._loaded_reader = (settings_before, loaded)
         release_free_memory()  # the parsers' buffers, freed with their threads
         self._log_load(stats)
-        if cache_path is not None:
+        if cache_path is not None and loaded.edited:
+            logger.warning(
+                "no cache written to %s: %s changed while the readers ran, so the records "
+                "may come from either version; the next load reads the files again",
+                cache_path, ", ".join(loaded.edited),
+            )
+        elif cache_path is not None:
             try:
                 self.save_cache(cache_path)
             except OSError as error:  # a full disk: the load itself succeeded
@@ -245,11 +251,19 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                 "are unknown (read through download_cmd), so a cache of them could never "
                 "be checked for staleness; use a pyarrow.fs filesystem or local files"
             )
-        code, changed = self._reader_code or (self._reader_code_now(), [])
-        reader_code.warn_unseen(self._reader_commands(), changed, os.fspath(path))
+        settings, loaded = self._loaded_reader or (
+            self._reader_settings(), reader_code.LoadedCode(self._reader_code_now())
+        )
+        if loaded.edited:
+            raise CacheError(
+                f"save_cache: {', '.join(loaded.edited)} changed while the readers ran, so "
+                "the records in memory may come from either version; release_memory(), "
+                "load again, then save"
+            )
+        reader_code.warn_unseen(self._reader_commands(), loaded, os.fspath(path))
         cache.write_cache(
             os.fspath(path), store.schema, store.copy_pieces(), self._sources,
-            self._source_stats, {**self._reader_settings(), cache.READER_CODE: code},
+            self._source_stats, {**settings, cache.READER_CODE: loaded.kept},
         )
         logger.info("saved %d records to cache %s", store.rows, os.fspath(path))
 
@@ -270,10 +284,10 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         if not len(self.schema):
             raise SchemaError("load_cache: no slots declared; call init(use_var=[...]) first")
         path = os.fspath(path)
-        code = self._reader_code_now()
-        chunks, stats, sources = cache.read_cache(
+        settings = self._reader_settings()
+        chunks, stats, sources, recorded_code = cache.read_cache(
             path, self._record_schema, self._filelist,
-            {**self._reader_settings(), cache.READER_CODE: code}, stat=self._source_now,
+            {**settings, cache.READER_CODE: self._reader_code_now()}, stat=self._source_now,
         )
         store = self._store_of_schema("load_cache")
         store.extend(chunks)
@@ -282,7 +296,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
-        self._reader_code = (code, [])
+        # A save of these records records what the cache did (not a log its
+        # reader changed since, which that cache left out).
+        self._loaded_reader = (settings, reader_code.LoadedCode(recorded_code))
         logger.info("loaded %d records from cache %s in %.3f s", stats.records, path, stats.seconds)
 
     # -- shuffling ---------------------------------------------------------------------
@@ -553,7 +569,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._store = None
         self._shuffled_alone = False
         self._sources, self._source_stats = [], []
-        self._reader_code = None
+        self._loaded_reader = None
         self._shuffles.forget_order()
         self._position = self._new_position()
         release_free_memory()

@@ -159,7 +159,7 @@ def read_cache(
     filelist: Sequence[str] | None,
     reader_settings: dict[str, Any],
     stat: Callable[[str], SourceFile] = SourceFile.of,
-) -> tuple[list[RecordChunk], LoadStats, list[SourceFile]]:
+) -> tuple[list[RecordChunk], LoadStats, list[SourceFile], dict[str, str]]:
     """Loads a cache written by ``write_cache``, refusing a stale one.
 
     Args:
@@ -175,7 +175,8 @@ def read_cache(
     Returns:
         The records (numpy views of a copy-on-write memory map), the load
         accounting of the load that made the cache (with this load's time),
-        and the sources.
+        the sources, and the digests of the reader's code it records (empty
+        for a cache of an earlier fleetfeed).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -243,7 +244,7 @@ def read_cache(
     except TypeError as error:
         raise CacheError(f"cache {path} is corrupt: malformed metadata ({error})") from None
     stats = LoadStats.combine(per_file, time.perf_counter() - started)
-    return chunks, stats, sources
+    return chunks, stats, sources, dict(meta["reader"].get(READER_CODE) or {})
 
 
 def _check_columns(path: str, found: pa.Schema, schema: SlotSchema) -> None:

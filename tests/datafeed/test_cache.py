@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -390,6 +391,46 @@ def test_a_command_whose_code_cannot_be_seen_is_named_in_a_warning(
     assert caplog.text == ""  # a load without a cache says nothing
 
 
+def test_a_reader_edited_while_it_ran_leaves_no_cache(tmp_path, files, monkeypatch, caplog):
+    # The records may come from either version: a cache made of them would
+    # hide the edit, and a later check could not tell.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "filter.sh").write_text("cat; echo '# touched' >> filter.sh\n")  # edits itself
+    with caplog.at_level("WARNING", logger="datafeed"):
+        ds = dataset(files, pipe_command="sh filter.sh", cache="c.arrow")
+        ds.load_into_memory()
+    assert ds.get_memory_data_size() == 21 and not (tmp_path / "c.arrow").exists()
+    assert "no cache written to c.arrow: file filter.sh changed while the readers ran" \
+        in caplog.text
+    with pytest.raises(CacheError, match="save_cache: file filter.sh changed while the "
+                       "readers ran, so the records in memory may come from either version"):
+        ds.save_cache("c.arrow")
+
+
+def test_a_save_records_the_reader_its_records_came_from(tmp_path, files, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "filter.sh").write_text('cat; echo "$$" >> run.log\n')
+    (tmp_path / "run.log").write_text("")
+    made = dataset(files, pipe_command="sh filter.sh run.log", cache="c.arrow")
+    made.load_into_memory()  # run.log changed: the readers' output, left out
+    dataset(files, pipe_command="sh filter.sh run.log").load_into_memory()
+    # A cache loaded then saved again records what the first one did, not the
+    # log as it is now (which would refuse the copy at the next run).
+    copy = dataset(files, pipe_command="sh filter.sh run.log")
+    copy.load_cache("c.arrow")
+    copy.save_cache("d.arrow")
+    dataset(files, pipe_command="sh filter.sh run.log").load_into_memory()
+    dataset(files, pipe_command="sh filter.sh run.log").load_cache("d.arrow")
+    # A setting changed after the load did not make the records in memory.
+    other = dataset(files, pipe_command="cat")
+    other.load_into_memory()
+    other.set_pipe_command("grep -v x")
+    other.save_cache("e.arrow")
+    with pytest.raises(CacheError, match="pipe_command 'cat' -> 'grep -v x'"):
+        dataset(files, pipe_command="grep -v x").load_cache("e.arrow")
+    dataset(files, pipe_command="cat").load_cache("e.arrow")
+
+
 GENERATOR_MODULE = '''
 from generators import MultiSlotDataGenerator
 
@@ -419,11 +460,21 @@ def test_a_cache_made_before_the_generators_module_changed_is_refused(tmp_path, 
     made.load_into_memory()
     made.save_cache(tmp_path / "c.arrow")
     dataset([str(lines)], data_generator=reader()).load_cache(tmp_path / "c.arrow")  # same code
+    # An edit the class does not read (the rest of a training script) is not its code.
+    (tmp_path / "cached_reader.py").write_text(GENERATOR_MODULE + "\nLEARNING_RATE = 0.1\n")
+    dataset([str(lines)], data_generator=reader).load_cache(tmp_path / "c.arrow")
     # A module-level constant the class reads changes the records.
     (tmp_path / "cached_reader.py").write_text(GENERATOR_MODULE.replace("1.0", "2.0"))
+    reloaded = importlib.reload(sys.modules["cached_reader"]).Reader
     with pytest.raises(CacheError, match=r"the reader's code: class cached_reader.Reader "
                        r"changed since"):
-        dataset([str(lines)], data_generator=reader).load_cache(tmp_path / "c.arrow")
+        dataset([str(lines)], data_generator=reloaded).load_cache(tmp_path / "c.arrow")
+    # So does its own source, read as Python holds it.
+    (tmp_path / "cached_reader.py").write_text(GENERATOR_MODULE.replace("[fields[1]]",
+                                                                        "[fields[1] + 1]"))
+    reloaded = importlib.reload(sys.modules["cached_reader"]).Reader
+    with pytest.raises(CacheError, match=r"class cached_reader.Reader changed since"):
+        dataset([str(lines)], data_generator=reloaded).load_cache(tmp_path / "c.arrow")
 
 
 def test_a_cache_that_does_not_record_the_readers_code_loads_with_a_warning(
@@ -442,3 +493,55 @@ def test_a_cache_that_does_not_record_the_readers_code_loads_with_a_warning(
     # Its other settings are still checked.
     with pytest.raises(CacheError, match="on_bad_line 'raise' -> 'skip'"):
         dataset(files, on_bad_line="skip").load_cache(path)
+
+
+TRAINING_SCRIPT = '''
+import sys
+from datafeed import InMemoryDataset, Slot
+from generators import MultiSlotDataGenerator
+
+LEARNING_RATE = 0.01  # the rest of a training script
+SCALE = 1.0
+
+
+def scaled(x):
+    return [SCALE * x] * 3
+
+
+class Reader(MultiSlotDataGenerator):
+    def generate_sample(self, line):
+        def sample():
+            fields = [int(x) for x in line.split()]
+            yield [("dense", scaled(fields[0])), ("ids", [fields[1]]),
+                   ("signed", [fields[2]]), ("label", [fields[3]])]
+        return sample
+
+
+ds = InMemoryDataset()
+ds.init(batch_size=4, thread_num=1, use_var=[
+    Slot("dense", "float32", (3,)), Slot("ids", "uint64"), Slot("signed", "int64"),
+    Slot("label", "int64", (1,))], data_generator=Reader, cache="c.arrow", progress=False)
+ds.set_filelist(["in.txt"])
+ds.load_into_memory()
+print(ds.get_memory_data_size(), LEARNING_RATE)
+'''
+
+
+def test_a_generator_in_the_training_script_is_checked_by_what_it_reads(tmp_path):
+    (tmp_path / "in.txt").write_text("".join(f"{i} {i * 10} {-i} {i % 2}\n" for i in range(5)))
+    script = tmp_path / "train.py"
+
+    def run(text: str):
+        script.write_text(text)
+        return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+
+    assert run(TRAINING_SCRIPT).stdout.split() == ["5", "0.01"]  # loaded, cache written
+    assert (tmp_path / "c.arrow").exists()
+    edited = run(TRAINING_SCRIPT.replace("0.01", "0.02"))  # not the reader's code
+    assert edited.returncode == 0 and edited.stdout.split() == ["5", "0.02"], edited.stderr
+    # A helper function or constant the class reads is its code.
+    for change in [("SCALE = 1.0", "SCALE = 2.0"), ("[SCALE * x] * 3", "[SCALE * x + 1] * 3")]:
+        stale = run(TRAINING_SCRIPT.replace(*change))
+        assert stale.returncode == 1
+        assert "class __main__.Reader changed since" in stale.stderr, stale.stderr

@@ -342,6 +342,13 @@ def test_streaming_auc_refuses_scores_that_are_not_probabilities():
     assert metric.count == 0  # nothing of the batch was counted
     metric.update([0, 1], [0.0, 1.0])  # the ends are probabilities
     assert metric.state()[:, [0, -1]].tolist() == [[0, 1], [1, 0]]
+    # A float32 mixture of probabilities rounds past 1: the top bucket, not an error.
+    rounded = np.array([np.nextafter(np.float32(1), np.float32(2)), -1e-7], dtype=np.float32)
+    metric.update([1, 0], torch.from_numpy(rounded))
+    assert metric.state()[:, [0, -1]].tolist() == [[0, 2], [2, 0]]
+    large = StreamingAUC(num_thresholds=2**24 + 3)  # float32(n) rounds up to n + 1
+    large.update([1], torch.tensor([1.0]))
+    assert large.state()[0, -1] == 1
 
 
 def test_streaming_auc_buckets_as_paddles_kernel_multiplies():
