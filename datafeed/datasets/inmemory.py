@@ -70,6 +70,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # The reader's settings and code as the last load ran them, for
         # save_cache() (a setting changed since did not make these records).
         self._loaded_reader: tuple[dict[str, Any], reader_code.LoadedCode] | None = None
+        self._epoch_at_load = 0  # passes completed when records were last loaded
         # A global_shuffle() with no other worker: Paddle's shuffle count is then 0.
         self._shuffled_alone = False
         self._shared: shared_records.SharedRecords | None = None  # share_records()
@@ -128,6 +129,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
 
     def _load(self, thread_num: int, show_progress: bool = True) -> None:
         self._check_ready("load_into_memory")
+        self._warn_if_appending_after_a_pass("load_into_memory")
         cache_path = self._settings["cache"]
         if cache_path is not None and os.path.exists(cache_path):
             self.load_cache(cache_path)
@@ -164,6 +166,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
+        self._epoch_at_load = self._position.epoch
         loaded = reader_code.LoadedCode.across(code_before, self._reader_code_now())
         self._loaded_reader = (settings_before, loaded)
         release_free_memory()  # the parsers' buffers, freed with their threads
@@ -183,6 +186,17 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
                     f"{error.strerror or error}; the {stats.records} records loaded stay "
                     "in memory (iterate them, or free space and load again)",
                 ) from error
+
+    def _warn_if_appending_after_a_pass(self, what: str) -> None:
+        """A pass loop that forgot ``release_memory()`` would train every day's
+        records again, and more each day: say so (Paddle 3.0 keeps the old
+        records instead, loading nothing more: wrong too, and silent)."""
+        rows = self._store.rows if self._store is not None else 0
+        if rows and self._position.epoch > self._epoch_at_load:
+            logger.warning(
+                "%s appends to the %d records in memory, which a pass already went over; "
+                "call release_memory() first if this is the next pass's data", what, rows,
+            )
 
     def _store_of_schema(self, what: str) -> RecordStore:
         """The store to add records to: the one in memory, or a new one."""
@@ -283,6 +297,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         """
         if not len(self.schema):
             raise SchemaError("load_cache: no slots declared; call init(use_var=[...]) first")
+        if self._settings["cache"] is None:  # else load_into_memory() said it already
+            self._warn_if_appending_after_a_pass("load_cache")
         path = os.fspath(path)
         settings = self._reader_settings()
         chunks, stats, sources, recorded_code = cache.read_cache(
@@ -296,6 +312,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._stats = stats
         self._sources += sources
         self._source_stats += stats.per_file
+        self._epoch_at_load = self._position.epoch
         # A save of these records records what the cache did (not a log its
         # reader changed since, which that cache left out).
         self._loaded_reader = (settings, reader_code.LoadedCode(recorded_code))
@@ -570,6 +587,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._shuffled_alone = False
         self._sources, self._source_stats = [], []
         self._loaded_reader = None
+        self._epoch_at_load = 0
         self._shuffles.forget_order()
         self._position = self._new_position()
         release_free_memory()

@@ -180,6 +180,29 @@ def test_load_appends_and_release_memory_empties(small_files):
         list(ds)
 
 
+def test_a_load_on_top_of_records_a_pass_went_over_is_said(small_files, caplog):
+    # A pass loop that forgot release_memory() trains every earlier day again.
+    ds = make_dataset()
+    ds.set_filelist(small_files)
+    with caplog.at_level("WARNING", logger="datafeed"):
+        ds.load_into_memory()
+        ds.load_into_memory()  # two loads make one pass's data: nothing said
+        assert caplog.text == ""
+        list(ds)  # a pass
+        ds.load_into_memory()
+    assert "load_into_memory appends to the 30 records in memory, which a pass already " \
+        "went over; call release_memory() first" in caplog.text
+    assert ds.get_memory_data_size() == 45  # appended all the same, as documented
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="datafeed"):
+        ds.release_memory()
+        ds.load_into_memory()
+        list(ds)
+        ds.release_memory()
+        ds.load_into_memory()
+    assert caplog.text == ""
+
+
 def test_zeros_are_kept(tmp_path):
     path = tmp_path / "zeros.txt"
     path.write_text("3 0 0 0 1 0.0\n")
