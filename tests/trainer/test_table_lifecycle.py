@@ -158,6 +158,42 @@ def test_statistics_count_pulls_clicks_and_unseen_passes():
         table.set_pass(1)
 
 
+def test_a_pass_step_longer_than_rows_are_kept_is_said(caplog):
+    # Unseen passes are pass-number differences: dates as pass numbers would
+    # have the next shrink drop every row (20240131 -> 20240201 is 70 passes).
+    from trainer.ps import lifecycle
+
+    table = SparseTable("dates", 2, SGD, accessor=CtrAccessorParam(delete_after_unseen_days=30))
+    with caplog.at_level("WARNING", logger="trainer.ps.lifecycle"):
+        lifecycle.set_pass({"dates": table}, 20240130, "local")  # the first pass: nothing
+        table.pull(ids(1, 2), create=True)
+        lifecycle.set_pass({"dates": table}, 20240131, "local")  # one day later: nothing
+        assert caplog.text == ""
+        lifecycle.set_pass({"dates": table}, 20240201, "local")
+    assert ("table 'dates': pass 20240201 follows pass 20240131, 70 passes later: every row "
+            "not seen in this pass is now unseen for more than delete_after_unseen_days=30"
+            in caplog.text)
+    assert "These look like dates" in caplog.text
+    assert table.shrink() == (2, 0)  # what the warning says
+    caplog.clear()
+    empty = SparseTable("paused", 2, SGD, accessor=CtrAccessorParam(delete_after_unseen_days=1))
+    with caplog.at_level("WARNING", logger="trainer.ps.lifecycle"):
+        lifecycle.set_pass({"paused": empty}, 1, "local")
+        lifecycle.set_pass({"paused": empty}, 5, "local")  # no row to lose: nothing said
+    assert caplog.text == ""
+
+
+def test_a_score_below_a_threshold_of_zero_is_dropped_as_by_paddle():
+    # Paddle tests score < delete_threshold whatever the threshold: with a
+    # negative coefficient, a row shown and never clicked scores below 0.
+    table = SparseTable("neg", 2, SGD, accessor=CtrAccessorParam(nonclk_coeff=-0.1))
+    table.pull(ids(1), create=True)
+    assert table.shrink() == (1, 0)
+    plain = SparseTable("plain", 2, SGD, accessor=CtrAccessorParam())  # scores >= 0: kept
+    plain.pull(ids(1), create=True)
+    assert plain.shrink() == (0, 1)
+
+
 def test_shrink_by_unseen_passes_and_by_score():
     unseen = SparseTable("u", 2, SGD, accessor=CtrAccessorParam(delete_after_unseen_days=1))
     unseen.pull(ids(1, 2), create=True)

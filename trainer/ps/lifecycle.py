@@ -33,9 +33,13 @@ log = logging.getLogger(__name__)
 
 
 def set_pass(tables: Mapping[str, SparseTable], pass_id: int, who: str) -> None:
-    """Starts pass ``pass_id`` in every table and logs each table's statistics."""
+    """Starts pass ``pass_id`` in every table and logs each table's statistics;
+    warns where the step from the last pass alone makes every row unseen for
+    longer than the table keeps one (``_warn_long_step``)."""
     for table in tables.values():
+        before = table.current_pass
         table.set_pass(pass_id)
+        _warn_long_step(table, before, pass_id, who)
     for name, numbers in stats(tables).items():
         log.info(
             "%s: pass %d, table '%s': %d rows, %d ids pending admission, %d bytes, "
@@ -43,6 +47,31 @@ def set_pass(tables: Mapping[str, SparseTable], pass_id: int, who: str) -> None:
             who, pass_id, name, numbers["rows"], numbers["pending"], numbers["bytes"],
             numbers["evicted"],
         )
+
+
+def _warn_long_step(table: SparseTable, before: int, pass_id: int, who: str) -> None:
+    """Unseen passes are pass-number differences: dates as pass numbers
+    (20240131, then 20240201: 70 passes) would have the next shrink drop every
+    row not seen since, without a word."""
+    keep = table.accessor.delete_after_unseen_days
+    if before <= 0 or pass_id - before <= keep or not len(table):
+        return
+    hint = ""
+    if all(_looks_like_a_date(p) for p in (before, pass_id)):
+        hint = (" These look like dates: a pass is counted by its number, so number the "
+                "days 1, 2, ... (OnlineLoop does) instead.")
+    log.warning(
+        "%s: table '%s': pass %d follows pass %d, %d passes later: every row not seen "
+        "in this pass is now unseen for more than delete_after_unseen_days=%d, and the "
+        "next shrink drops it.%s", who, table.name, pass_id, before, pass_id - before,
+        keep, hint,
+    )
+
+
+def _looks_like_a_date(pass_id: int) -> bool:
+    """Whether ``pass_id`` reads as a YYYYMMDD day (Paddle jobs name days so)."""
+    year, month, day = pass_id // 10000, pass_id // 100 % 100, pass_id % 100
+    return 1900 <= year <= 2999 and 1 <= month <= 12 and 1 <= day <= 31
 
 
 def shrink(tables: Mapping[str, SparseTable], who: str) -> dict[str, list[int]]:

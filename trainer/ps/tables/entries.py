@@ -228,8 +228,9 @@ class CtrAccessorParam:
             show *= np.float32(self.show_click_decay_rate)
             click *= np.float32(self.show_click_decay_rate)
         drop = unseen > self.delete_after_unseen_days
-        if self.delete_threshold > 0.0:
-            drop |= self.score(show, click) < np.float32(self.delete_threshold)
+        # Always tested, as Paddle's shrink does: with a negative coefficient a
+        # score falls below a threshold of 0.
+        drop |= self.score(show, click) < np.float32(self.delete_threshold)
         return drop
 
     def as_dict(self) -> dict[str, Any]:
