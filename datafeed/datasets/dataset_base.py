@@ -18,7 +18,7 @@ from ..iterate.position import Position
 from ..records.stats import LoadStats
 from ..source import fs
 from ..source.inprocess import InProcessPool
-from ..source.ranges import whole_files
+from ..source.ranges import plan_tasks, whole_files
 from ..source.readers import DEFAULT_CHUNK_ROWS, ReaderPool, is_identity_command
 from .paddle_compat import PaddleDatasetBase
 
@@ -238,16 +238,23 @@ class DatasetBase(PaddleDatasetBase):
             return self._hdfs[1]
         return None
 
-    def _split_files(self, threads: int) -> bool:
-        """Whether large files may be read as byte ranges (the ``split_files``
-        setting; None: under ``cat`` only). Says once when a reader's files are
-        read whole although threads would be left idle."""
+    def _split_decision(self) -> bool:
+        """Whether large files may be read as byte ranges: the ``split_files``
+        setting; None: under ``cat`` only (fleetfeed's parser reads its lines
+        one by one; another reader may treat lines together)."""
         s = self._settings
         if s["split_files"] is not None:
             return s["split_files"]
-        if s["data_generator"] is None and is_identity_command(s["pipe_command"]):
-            return True
-        if len(self._filelist) < threads and not getattr(self, "_told_whole", False):
+        return s["data_generator"] is None and is_identity_command(s["pipe_command"])
+
+    def _split_files(self, threads: int) -> bool:
+        """``_split_decision``; says once when a reader's files are read whole
+        although a split would give idle threads work."""
+        split = self._split_decision()
+        if split or self._settings["split_files"] is not None or self._filesystem() is not None:
+            return split
+        told = getattr(self, "_told_whole", False)
+        if not told and len(plan_tasks(self._filelist, threads)) > len(self._filelist):
             self._told_whole = True
             logger.info(
                 "%d file(s) for thread_num=%d: each is read whole by one reader, as Paddle "

@@ -132,7 +132,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._warn_if_appending_after_a_pass("load_into_memory")
         cache_path = self._settings["cache"]
         if cache_path is not None and os.path.exists(cache_path):
-            self.load_cache(cache_path)
+            self._read_cache(cache_path)
             return
         # Taken before reading: a file that changes during the load makes the
         # cache stale rather than silently blessed.
@@ -224,6 +224,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             "pipe_command": s["pipe_command"], "download_cmd": s["download_cmd"],
             "data_generator": generator, "on_bad_line": s["on_bad_line"],
             "max_line_bytes": s["max_line_bytes"],
+            # A reader that treats lines together gives other records from
+            # byte ranges (a cache without this entry was made splitting).
+            "split_files": self._split_decision(),
         }
 
     def _reader_commands(self) -> list[str | None]:
@@ -297,8 +300,11 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         """
         if not len(self.schema):
             raise SchemaError("load_cache: no slots declared; call init(use_var=[...]) first")
-        if self._settings["cache"] is None:  # else load_into_memory() said it already
-            self._warn_if_appending_after_a_pass("load_cache")
+        self._warn_if_appending_after_a_pass("load_cache")
+        self._read_cache(path)
+
+    def _read_cache(self, path: str | os.PathLike) -> None:
+        """``load_cache`` but for the warning (``load_into_memory`` gave it)."""
         path = os.fspath(path)
         settings = self._reader_settings()
         chunks, stats, sources, recorded_code = cache.read_cache(

@@ -88,7 +88,9 @@ class QueuePosition(Position):
             raise ValueError(
                 f"QueueDataset: the loaded state read the files as tasks {resume}, "
                 f"this pass reads them as {tasks} (file index, first byte, end byte); "
-                "resume with the thread_num the state was taken with"
+                "resume with the thread_num and split_files setting the state was taken "
+                "with (fleetfeed before split_files read large files as byte ranges under "
+                "any reader: split_files=True does so)"
             )
         self.tasks = tasks
         return list(self.delivered)

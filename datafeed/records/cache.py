@@ -332,7 +332,9 @@ def _check_fresh(
             f"records (written by an earlier fleetfeed); {advice}"
         )
     settings = {k: v for k, v in reader_settings.items() if k != READER_CODE}
-    recorded_settings = {k: v for k, v in recorded_reader.items() if k != READER_CODE}
+    # Before split_files, every reader's large files were read as byte ranges.
+    recorded_settings = {"split_files": True, **{
+        k: v for k, v in recorded_reader.items() if k != READER_CODE}}
     changed = [f"{name} {recorded_settings.get(name)!r:.200} -> {value!r:.200}"
                for name, value in settings.items() if recorded_settings.get(name) != value]
     if not changed and recorded_settings != settings:

@@ -101,7 +101,10 @@ def test_a_cache_made_by_another_reader_is_refused(tmp_path, files):
     made.load_into_memory()
     made.save_cache(path)
     for settings, change in [
-        ({"pipe_command": "grep -v x"}, "pipe_command 'cat' -> 'grep -v x'"),
+        # Another reader than cat reads whole files (split_files), as Paddle.
+        ({"pipe_command": "grep -v x"},
+         "pipe_command 'cat' -> 'grep -v x'; split_files True -> False"),
+        ({"split_files": False}, "split_files True -> False"),
         ({"on_bad_line": "skip"}, "on_bad_line 'raise' -> 'skip'"),
         ({"max_line_bytes": 1024}, "max_line_bytes 67108864 -> 1024"),
     ]:
@@ -477,6 +480,22 @@ def test_a_cache_made_before_the_generators_module_changed_is_refused(tmp_path, 
         dataset([str(lines)], data_generator=reloaded).load_cache(tmp_path / "c.arrow")
 
 
+def test_a_cache_made_when_every_reader_split_large_files_is_stale_for_others(tmp_path, files):
+    # Before split_files, a reader that treats lines together (one skipping a
+    # header) lost records at the byte-range cuts: its cache is refused.
+    for command, refused in [("cat", False), ("grep -v x", True)]:
+        path = tmp_path / f"{refused}.arrow"
+        made = dataset(files, pipe_command=command)
+        made.load_into_memory()
+        made.save_cache(path)
+        rewrite_metadata(path, lambda meta: meta["reader"].pop("split_files"))
+        if refused:
+            with pytest.raises(CacheError, match="split_files True -> False"):
+                dataset(files, pipe_command=command).load_cache(path)
+        else:
+            dataset(files, pipe_command=command).load_cache(path)
+
+
 def test_a_cache_that_does_not_record_the_readers_code_loads_with_a_warning(
     tmp_path, files, caplog
 ):
@@ -545,3 +564,12 @@ def test_a_generator_in_the_training_script_is_checked_by_what_it_reads(tmp_path
         stale = run(TRAINING_SCRIPT.replace(*change))
         assert stale.returncode == 1
         assert "class __main__.Reader changed since" in stale.stderr, stale.stderr
+
+
+def test_a_load_cache_on_top_of_records_a_pass_went_over_is_said(tmp_path, files, caplog):
+    ds = dataset(files, cache=str(tmp_path / "c.arrow"))
+    ds.load_into_memory()  # writes the cache
+    list(ds)
+    with caplog.at_level("WARNING", logger="datafeed"):
+        ds.load_cache(tmp_path / "c.arrow")  # with the cache setting, called directly
+    assert "load_cache appends to the 21 records in memory" in caplog.text

@@ -285,7 +285,8 @@ def test_queue_dataset_state_refuses_another_file_list_or_plan(small_files: list
     changed["tasks"][0][1] = 5
     again = _queue(small_files, 1)
     again.load_state_dict(changed)
-    with pytest.raises(ValueError, match="resume with the thread_num the state was taken with"):
+    with pytest.raises(ValueError, match="resume with the thread_num and split_files setting "
+                       "the state was taken with"):
         next(iter(again))
 
 

@@ -177,10 +177,20 @@ def test_a_pass_step_longer_than_rows_are_kept_is_said(caplog):
     assert table.shrink() == (2, 0)  # what the warning says
     caplog.clear()
     empty = SparseTable("paused", 2, SGD, accessor=CtrAccessorParam(delete_after_unseen_days=1))
+    every = SparseTable("daily", 2, SGD, accessor=CtrAccessorParam(delete_after_unseen_days=0))
+    every.pull(ids(1), create=True)
     with caplog.at_level("WARNING", logger="trainer.ps.lifecycle"):
         lifecycle.set_pass({"paused": empty}, 1, "local")
         lifecycle.set_pass({"paused": empty}, 5, "local")  # no row to lose: nothing said
+        for day in (1, 2, 3):  # keeps rows one pass by choice: a step of 1 is no news
+            lifecycle.set_pass({"daily": every}, day, "local")
     assert caplog.text == ""
+    # Rows pulled (or loaded) before the first set_pass are pass 0's.
+    early = SparseTable("early", 2, SGD, accessor=CtrAccessorParam())
+    early.pull(ids(1), create=True)
+    with caplog.at_level("WARNING", logger="trainer.ps.lifecycle"):
+        lifecycle.set_pass({"early": early}, 20240130, "local")
+    assert "pass 20240130 follows pass 0, 20240130 passes later" in caplog.text
 
 
 def test_a_score_below_a_threshold_of_zero_is_dropped_as_by_paddle():

@@ -53,8 +53,10 @@ def _warn_long_step(table: SparseTable, before: int, pass_id: int, who: str) -> 
     """Unseen passes are pass-number differences: dates as pass numbers
     (20240131, then 20240201: 70 passes) would have the next shrink drop every
     row not seen since, without a word."""
-    keep = table.accessor.delete_after_unseen_days
-    if before <= 0 or pass_id - before <= keep or not len(table):
+    keep, step = table.accessor.delete_after_unseen_days, pass_id - before
+    # From pass 0 too (rows pulled, or loaded, before the first set_pass); a
+    # step of 1 is any pass, whatever the table keeps.
+    if step <= max(keep, 1) or not (len(table) or table.stats()["pending"]):
         return
     hint = ""
     if all(_looks_like_a_date(p) for p in (before, pass_id)):
@@ -63,7 +65,7 @@ def _warn_long_step(table: SparseTable, before: int, pass_id: int, who: str) -> 
     log.warning(
         "%s: table '%s': pass %d follows pass %d, %d passes later: every row not seen "
         "in this pass is now unseen for more than delete_after_unseen_days=%d, and the "
-        "next shrink drops it.%s", who, table.name, pass_id, before, pass_id - before,
+        "next shrink drops it.%s", who, table.name, pass_id, before, step,
         keep, hint,
     )
 
