@@ -91,7 +91,9 @@ class Executor:
 
         Args:
             model: called as ``model(batch)``; returns a dict of tensors with a
-                scalar ``"loss"``. Put in training mode (``model.train()``).
+                scalar ``"loss"``. A module in evaluation mode is put in
+                training mode (``model.train()``); one in training mode keeps
+                its submodules' modes (a BatchNorm frozen with ``.eval()``).
             dataset: an ``InMemoryDataset``, ``QueueDataset`` or any iterable of
                 batches (``init`` and ``set_filelist`` already done).
             optimizer: a ``torch.optim`` optimizer or what
@@ -207,8 +209,12 @@ class Executor:
     ) -> RunSummary:
         """One pass over ``dataset`` without gradients or optimizer steps.
 
-        The model runs in evaluation mode (``model.eval()``, restored afterwards)
-        under ``torch.no_grad()``; threads run the forward in parallel. A
+        An ``nn.Module`` runs in evaluation mode (``model.eval()``; each
+        submodule's own mode is restored afterwards), any model under
+        ``torch.no_grad()`` (a plain function's modules keep the mode they
+        have); threads run the forward in parallel. Nothing trains: Paddle's
+        ``infer_from_dataset`` of a training program runs its optimizer too, as
+        a ``clone(for_test=True)`` program does not; this is the latter. A
         ``"loss"`` output is optional. ``optimizer`` is accepted and ignored, for
         the symmetry with ``train_from_dataset`` (Paddle's signature).
         Arguments and errors are otherwise those of ``train_from_dataset``, Paddle's
@@ -279,9 +285,14 @@ class Executor:
         monitor = FetchMonitor(fetch_handler, run.current_value) if periodic else None
         run.default_fetch = fetch_list is None
         module = model if isinstance(model, torch.nn.Module) else None
-        was_training = module.training if module is not None else True
-        if module is not None:
-            module.train(train)
+        # Each submodule's own mode: a part the user froze (a BatchNorm put in
+        # eval under a model in train mode) stays frozen when training, and an
+        # inference gives every part back the mode it had.
+        modes = {m: m.training for m in module.modules()} if module is not None else {}
+        if module is not None and not train:
+            module.eval()
+        elif module is not None and not module.training:
+            module.train()  # a model left in eval mode (an evaluation) trains in train mode
         started = time.perf_counter()
         iterator = iter(dataset) if not processes else None
         dumper_open = False
@@ -306,8 +317,9 @@ class Executor:
             close = getattr(iterator, "close", None)
             if close is not None:
                 close()  # a generator's finally (QueueDataset's readers) runs now
-            if module is not None and not train:
-                module.train(was_training)
+            if not train:
+                for part, mode in modes.items():
+                    part.training = mode
             if dumper_open:
                 dumper_open = False
                 run.dumper.close()  # the last lines written; a writer's error raised

@@ -33,8 +33,9 @@ class RunSummary:
             parts of them: ``pull`` (sparse rows pulled in the forwards),
             ``optimizer`` (the dense update in the steps) and ``push`` (the
             rest of the steps: sparse gradients to the tables or servers).
-        last_fetch: the last batch's values of each ``fetch_list`` entry, by
-            ``fetch_info`` name.
+        last_fetch: the values of each ``fetch_list`` entry, by ``fetch_info``
+            name, in the last batch printed (every ``print_period`` batches;
+            empty when the pass had fewer).
         input: the dataset's ``stats()`` at the end of the pass (a
             ``datafeed.LoadStats``: for a QueueDataset, the lines, records and
             skipped lines of this pass, per file; for an InMemoryDataset, those

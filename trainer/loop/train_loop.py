@@ -4,8 +4,9 @@ worker threads, the loop each runs, and what it counts.
 ``DatasetPass`` holds what one call's threads share: the model, the optimizer,
 one iterator over the dataset (taken under a lock), the counters, the printed
 lines and the fetch handler. Each thread runs ``work``: a batch, the forward,
-then (training) the backward and the step, one thread at a time under a lock,
-or all at once for Hogwild threads (trainer/loop/hogwild.py). ``timings`` split each
+then (training) the backward and the step, one thread at a time under a lock
+and in the order the batches were taken (the model is one thread's), or all at
+once for Hogwild threads (trainer/loop/hogwild.py). ``timings`` split each
 batch's time into the phases ``data_wait``, ``forward``, ``backward``, ``step``
 and the parts ``pull``, ``optimizer``, ``push`` (trainer/loop/step_clock.py).
 
@@ -80,6 +81,11 @@ class DatasetPass:
         self.train = train
         self.next_lock = threading.Lock()  # one shared pass over the dataset
         self.step_lock = threading.Lock()  # forward+backward+step, one at a time
+        # Steps go in the order the batches were taken, whichever thread holds
+        # them: the model is then exactly one thread's (``_take_turn``).
+        self.taken = 0  # batches taken from the iterator (under next_lock)
+        self.turn = 0  # the number of the batch whose step comes next
+        self.turns = threading.Condition(self.step_lock)
         self.stats_lock = threading.Lock()  # counters, printing, fetch_handler
         self.stop = threading.Event()
         self.exhausted = False
@@ -218,11 +224,13 @@ class DatasetPass:
                 except StopIteration:
                     self.exhausted = True
                     break
-            held.append(batch if self.device is None else _to_device(batch, self.device))
+                number = self.taken
+                self.taken += 1
+            held.append((number, batch if self.device is None else _to_device(batch, self.device)))
         if not held:
             return None
         if ahead is not None:
-            for batch in itertools.islice(held, 1, None):
+            for _, batch in itertools.islice(held, 1, None):
                 ahead.send(batch)
         return held.popleft()
 
@@ -235,9 +243,10 @@ class DatasetPass:
             if self.stop.is_set():
                 raise PassStopped
             t0 = clock()
-            batch = self._next_batch(iterator, held, ahead)
-            if batch is None:
+            taken = self._next_batch(iterator, held, ahead)
+            if taken is None:
                 return
+            number, batch = taken
             waited = clock() - t0
             pulled, updated = thread_totals()
             if self.hogwild is not None:
@@ -251,6 +260,7 @@ class DatasetPass:
                 t4 = clock()
             elif self.train:
                 with self.step_lock:
+                    self._take_turn(number)
                     t1 = clock()
                     with ahead.forward(batch) if ahead is not None else contextlib.nullcontext():
                         outputs = _check_outputs(self.model(batch), need_loss=True)
@@ -260,6 +270,8 @@ class DatasetPass:
                     t3 = clock()
                     self._step()
                     t4 = clock()
+                    self.turn = number + 1
+                    self.turns.notify_all()
             else:
                 t1 = clock()
                 outputs = _check_outputs(self.model(batch), need_loss=False)
@@ -268,6 +280,15 @@ class DatasetPass:
             optimizer = updated_now - updated
             parts = (pulled_now - pulled, optimizer, max(0.0, t4 - t3 - optimizer))
             self._account(batch, outputs, (waited, t2 - t1, t3 - t2, t4 - t3), parts)
+
+    def _take_turn(self, number: int) -> None:
+        """Waits (holding ``step_lock``) until batch ``number`` is the next to
+        step: threads take batches in order but reach the lock in any order,
+        and steps out of order would train another model than one thread's."""
+        while self.turn != number:
+            if self.stop.is_set():
+                raise PassStopped
+            self.turns.wait(0.2)  # a failed thread sets stop: seen within 0.2 s
 
     def _zero_grad(self) -> None:
         if isinstance(self.optimizer, torch.optim.Optimizer):
