@@ -91,9 +91,9 @@ class Executor:
 
         Args:
             model: called as ``model(batch)``; returns a dict of tensors with a
-                scalar ``"loss"``. A module in evaluation mode is put in
-                training mode (``model.train()``); one in training mode keeps
-                its submodules' modes (a BatchNorm frozen with ``.eval()``).
+                scalar ``"loss"``. Put in training mode (``model.train()``; to
+                keep a part in eval mode while training, such as a frozen
+                BatchNorm, override the module's ``train()``, the PyTorch idiom).
             dataset: an ``InMemoryDataset``, ``QueueDataset`` or any iterable of
                 batches (``init`` and ``set_filelist`` already done).
             optimizer: a ``torch.optim`` optimizer or what
@@ -210,7 +210,7 @@ class Executor:
         """One pass over ``dataset`` without gradients or optimizer steps.
 
         An ``nn.Module`` runs in evaluation mode (``model.eval()``; each
-        submodule's own mode is restored afterwards), any model under
+        submodule's own mode is restored afterwards, through ``train()``), any model under
         ``torch.no_grad()`` (a plain function's modules keep the mode they
         have); threads run the forward in parallel. Nothing trains: Paddle's
         ``infer_from_dataset`` of a training program runs its optimizer too, as
@@ -285,14 +285,12 @@ class Executor:
         monitor = FetchMonitor(fetch_handler, run.current_value) if periodic else None
         run.default_fetch = fetch_list is None
         module = model if isinstance(model, torch.nn.Module) else None
-        # Each submodule's own mode: a part the user froze (a BatchNorm put in
-        # eval under a model in train mode) stays frozen when training, and an
-        # inference gives every part back the mode it had.
-        modes = {m: m.training for m in module.modules()} if module is not None else {}
-        if module is not None and not train:
-            module.eval()
-        elif module is not None and not module.training:
-            module.train()  # a model left in eval mode (an evaluation) trains in train mode
+        # model.train() as any PyTorch loop calls it (a part kept in eval while
+        # training overrides train(), the PyTorch idiom); an inference gives
+        # every part back the mode it had.
+        modes = [(m, m.training) for m in module.modules()] if module is not None else []
+        if module is not None:
+            module.train(train)
         started = time.perf_counter()
         iterator = iter(dataset) if not processes else None
         dumper_open = False
@@ -317,9 +315,8 @@ class Executor:
             close = getattr(iterator, "close", None)
             if close is not None:
                 close()  # a generator's finally (QueueDataset's readers) runs now
-            if not train:
-                for part, mode in modes.items():
-                    part.training = mode
+            if module is not None and not train:
+                _restore_modes(module, modes)
             if dumper_open:
                 dumper_open = False
                 run.dumper.close()  # the last lines written; a writer's error raised
@@ -463,3 +460,15 @@ def _dump_settings(model: Any) -> tuple[str, list[str], list[tuple[str, Any]], i
     role = fleet.current()._role  # None before fleet.init(): one local worker
     worker = role.index if role is not None and role.is_worker else 0
     return path, fields, [(name, named[name]) for name in params], worker
+
+
+def _restore_modes(module: torch.nn.Module, modes: list[tuple[torch.nn.Module, bool]]) -> None:
+    """Gives each part of ``module`` the mode it had, through ``train()`` (an
+    override may keep state in step with the mode: LoRA layers merge their
+    weights in eval): the whole module first, then, root to leaves, each part
+    whose mode still differs."""
+    module.train(modes[0][1])
+    for part, mode in modes[1:]:
+        if part.training != mode:
+            part.train(mode)
+

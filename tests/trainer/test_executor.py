@@ -203,22 +203,43 @@ def test_threads_train_exactly_one_threads_model(tmp_path):
     stores.local_store().clear()
 
 
-def test_a_frozen_submodule_stays_frozen_and_inference_restores_every_mode(tmp_path):
+class FrozenNorm(WithTable):
+    """Its BatchNorm's statistics frozen the PyTorch way: train() overridden."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(table)
+        self.mode_calls = 0
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.norm.eval()
+        self.mode_calls += 1  # an override keeping state in step (LoRA merges in eval)
+        return self
+
+
+def test_training_calls_train_and_inference_gives_every_part_its_mode_back(tmp_path):
+    from trainer.embedding import stores
+
     files = write_files(tmp_path)
-    model = WithTable("modes")
-    model.norm.eval()  # frozen statistics, as Paddle's is_test / use_global_stats
+    model = FrozenNorm("modes")
+    model.train()
     frozen = model.norm.running_mean.clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     Executor().train_from_dataset(model, make(InMemoryDataset, files), optimizer)
     assert model.training and not model.norm.training
-    assert torch.equal(model.norm.running_mean, frozen)
+    assert torch.equal(model.norm.running_mean, frozen)  # the override kept it frozen
+    calls = model.mode_calls
+    model.linear.eval()  # a part left in eval by hand: inference gives it back as it was
     Executor().infer_from_dataset(model, make(InMemoryDataset, files), fetch_list=[])
-    assert model.training and not model.norm.training and model.linear.training
-    model.eval()  # left in eval mode by an evaluation: trained in train mode
-    Executor().train_from_dataset(model, make(InMemoryDataset, files), optimizer)
-    assert model.training and model.norm.training
-    from trainer.embedding import stores
-
+    assert model.training and not model.norm.training and not model.linear.training
+    assert model.mode_calls > calls  # restored through train(), not by setting flags
+    inner = WithTable("inner")
+    inner.eval()  # a pretrained part handed over in eval mode (from_pretrained does)
+    wrapper = nn.Module()
+    wrapper.inner = inner
+    wrapper.forward = inner.forward
+    Executor().train_from_dataset(wrapper, make(InMemoryDataset, files), optimizer)
+    assert inner.training and inner.norm.training  # model.train(), as any loop calls it
     stores.local_store().clear()
 
 

@@ -85,7 +85,9 @@ class DatasetPass:
         # them: the model is then exactly one thread's (``_take_turn``).
         self.taken = 0  # batches taken from the iterator (under next_lock)
         self.turn = 0  # the number of the batch whose step comes next
-        self.turns = threading.Condition(self.step_lock)
+        # The thread waiting to step batch n waits on its own event, set when
+        # batch n - 1 stepped: one wake-up a step, whatever the thread count.
+        self.turn_events: dict[int, threading.Event] = {}
         self.stats_lock = threading.Lock()  # counters, printing, fetch_handler
         self.stop = threading.Event()
         self.exhausted = False
@@ -271,7 +273,9 @@ class DatasetPass:
                     self._step()
                     t4 = clock()
                     self.turn = number + 1
-                    self.turns.notify_all()
+                    waiting = self.turn_events.get(self.turn)
+                    if waiting is not None:
+                        waiting.set()
             else:
                 t1 = clock()
                 outputs = _check_outputs(self.model(batch), need_loss=False)
@@ -285,10 +289,20 @@ class DatasetPass:
         """Waits (holding ``step_lock``) until batch ``number`` is the next to
         step: threads take batches in order but reach the lock in any order,
         and steps out of order would train another model than one thread's."""
-        while self.turn != number:
-            if self.stop.is_set():
-                raise PassStopped
-            self.turns.wait(0.2)  # a failed thread sets stop: seen within 0.2 s
+        if self.turn == number:
+            return
+        event = self.turn_events.setdefault(number, threading.Event())
+        try:
+            while self.turn != number:
+                if self.stop.is_set():
+                    raise PassStopped
+                self.step_lock.release()
+                try:
+                    event.wait(0.2)  # a failed thread sets stop: seen within 0.2 s
+                finally:
+                    self.step_lock.acquire()
+        finally:
+            del self.turn_events[number]
 
     def _zero_grad(self) -> None:
         if isinstance(self.optimizer, torch.optim.Optimizer):
