@@ -23,6 +23,7 @@ reduced over every worker).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -345,12 +346,11 @@ class Fleet:
         Args:
             strategy: replaces the strategy given to ``init``.
             model: the ``torch.nn.Module`` whose SparseEmbedding tables the job
-                trains (PS and local mode); needed only when no module holds
-                the optimizer's parameters (a model of SparseEmbedding modules
-                only, trained with a placeholder parameter).
+                trains (PS and local mode); needed only when no module holds the
+                optimizer's parameters (SparseEmbedding modules and a placeholder).
         """
         if strategy is not None:
-            _checked(strategy)
+            strategy = _checked(strategy)
             if self._runtime is not None:
                 raise TrainerError(
                     "distributed_optimizer(strategy=...) after the parameter-server "
@@ -397,7 +397,7 @@ class Fleet:
         given): the sparse tables (shards) of the optimizer's model and the dense
         parameters, through the parameter-server runtime. Otherwise ``model``'s
         ``state_dict`` (default: the model given to ``distributed_model``) in
-        ``dirname/model.pt``, written by the first worker only.
+        ``dirname/model.pt``. Either way written by the first worker only.
 
         With ``dataset`` (an InMemoryDataset or QueueDataset), one call
         checkpoints the whole job: every worker must then make it; each first
@@ -479,8 +479,8 @@ class Fleet:
     def shrink(self) -> dict[str, dict[str, int]]:
         """Paddle's ``fleet.shrink()``: every sparse table, on every server,
         decays its rows' show and click and drops the rows its
-        ``CtrAccessorParam`` rule selects. Call it from one worker (each call
-        decays again). Returns table name -> ``{"dropped": n, "kept": n}``."""
+        ``CtrAccessorParam`` rule selects: worker 0 does (another worker's call
+        returns ``{}``, as in Paddle). Returns name -> ``{"dropped", "kept"}``."""
         return self._table_runtime("shrink").shrink()
 
     def table_stats(self) -> dict[str, dict[str, int]]:
@@ -621,7 +621,7 @@ def _ps_available() -> bool:
 def _checked(strategy: Any) -> DistributedStrategy:
     if not isinstance(strategy, DistributedStrategy):
         raise TypeError(f"strategy must be a DistributedStrategy, got {type(strategy).__name__}")
-    return strategy
+    return copy.deepcopy(strategy)  # as Paddle's: the caller's later changes change nothing
 
 
 def _local_persistables(

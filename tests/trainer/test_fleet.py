@@ -136,6 +136,9 @@ def test_strategy_factory_makes_paddles_three_modes():
     assert StrategyFactory.create_geo_strategy().k_steps == 100  # Paddle's default
     fleet.init(strategy=made["sync"])
     assert fleet.current().strategy.mode == "sync"
+    # Fleet keeps a copy, as Paddle's does: the caller's later changes change nothing.
+    made["sync"].a_sync = True
+    assert fleet.current().strategy.mode == "sync"
     with pytest.raises(NotImplementedError, match="half-async .* use create_sync_strategy"):
         StrategyFactory.create_half_async_strategy()
 

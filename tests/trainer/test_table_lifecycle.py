@@ -335,6 +335,28 @@ class JobModel(nn.Module):
         self.out = nn.Linear(4, 1)
 
 
+def test_shrink_and_save_are_worker_0s_as_in_paddle(caplog, tmp_path):
+    # A program ported from Paddle calls them on every worker: each call used
+    # to decay the statistics again, and a second delta replaced the first.
+    servers = ("127.0.0.1:1", "127.0.0.1:2")
+    other = ParameterServerRuntime(ClusterRole(Role.WORKER, 1, 2, servers, job_secret="k" * 16))
+    with caplog.at_level("WARNING", logger="trainer.ps.runtime"):
+        assert other.shrink() == {}  # no server is asked: nothing listens on these ports
+        other.save_persistables(str(tmp_path / "ckpt"), mode=1)
+        other.shrink()
+    assert not (tmp_path / "ckpt").exists()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [  # once each
+        "fleet.shrink() on worker 1 does nothing: worker 0 does it for the whole job, as in "
+        "Paddle, where every worker calls it (call it on worker 0)",
+        "fleet.save_persistables() on worker 1 does nothing: worker 0 does it for the whole "
+        "job, as in Paddle, where every worker calls it (call it on worker 0)",
+    ]
+    first = ParameterServerRuntime(ClusterRole(Role.WORKER, 0, 2, servers, job_secret="k" * 16))
+    with pytest.raises(Exception, match="init_worker|optimizer|connect"):
+        first.shrink()  # worker 0 goes to the servers (none here)
+
+
 def job_main(config: dict) -> None:
     """One process of a test job."""
     role = ClusterRole(

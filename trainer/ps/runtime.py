@@ -106,6 +106,7 @@ class ParameterServerRuntime:
         self.servers: transport.ServerSet | None = None
         self.server: ParameterServer | None = None
         self._save_failed = False
+        self._left_to_worker_0: set[str] = set()  # calls said to do nothing here
         self._checkpoint = checkpoint.CheckpointState()  # local mode's (servers keep theirs)
 
     # -- model -------------------------------------------------------------------
@@ -396,8 +397,27 @@ class ParameterServerRuntime:
             return
         self._connected().call_all(handlers.set_pass, [(pass_id,)] * len(self._connected()))
 
+    def _left_to_first_worker(self, what: str) -> bool:
+        """Whether this worker leaves ``what`` to worker 0, as Paddle's shrink
+        and save_persistables do: a program ported from Paddle calls them on
+        every worker, where each call would decay the rows' statistics again,
+        or write a delta that replaces the one before it. Said once."""
+        if self.local or not self.role.is_worker or self.role.index == 0:
+            return False
+        if what not in self._left_to_worker_0:
+            self._left_to_worker_0.add(what)
+            log.warning(
+                "%s on worker %d does nothing: worker 0 does it for the whole job, as in "
+                "Paddle, where every worker calls it (call it on worker 0)", what,
+                self.role.index,
+            )
+        return True
+
     def shrink(self) -> dict[str, dict[str, int]]:
-        """Shrinks every table on every server: name -> {"dropped", "kept"} rows."""
+        """Shrinks every table on every server: name -> {"dropped", "kept"} rows
+        (on worker 0; another worker's call does nothing and returns {})."""
+        if self._left_to_first_worker("fleet.shrink()"):
+            return {}
         if self.local:
             own_tables = self._local_tables("shrink()")
             return lifecycle.merge_shrinks([lifecycle.shrink(own_tables, "local")])
@@ -419,11 +439,14 @@ class ParameterServerRuntime:
         """Writes the sparse tables and the dense parameters to ``dirname``
         (``trainer.ps.checkpoint``): ``mode`` 0 ("base") every row, 1 ("delta")
         the rows changed since the last save and the ids dropped since. In PS
-        mode call it from one worker: the servers write the files, so
+        mode worker 0 saves (another worker's call does nothing, as in Paddle,
+        where every worker calls it): the servers write the files, so
         ``dirname`` must be visible to them. ``extra_files`` (name: bytes) go
         into the same checkpoint, which appears whole or not at all (the
         workers' dataset positions). After a failed save the next delta is
         written as a base (the failed one may have marked rows saved)."""
+        if self._left_to_first_worker("fleet.save_persistables()"):
+            return
         optimizer = self._require_optimizer("save_persistables()")
         kind = checkpoint.save_kind(mode)
         if kind == "delta" and self._save_failed:
