@@ -288,13 +288,17 @@ class Executor:
         # model.train() as any PyTorch loop calls it (a part kept in eval while
         # training overrides train(), the PyTorch idiom); an inference gives
         # every part back the mode it had.
-        modes = [(m, m.training) for m in module.modules()] if module is not None else []
+        modes = (  # a part shared by two parents is listed under each
+            [(m, m.training) for _, m in module.named_modules(remove_duplicate=False)]
+            if module is not None else []
+        )
         if module is not None:
             module.train(train)
         started = time.perf_counter()
-        iterator = iter(dataset) if not processes else None
+        iterator = None
         dumper_open = False
         try:
+            iterator = iter(dataset) if not processes else None
             if dumps is not None:
                 run.dumper = FieldDumper(*dumps)
                 dumper_open = True

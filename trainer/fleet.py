@@ -397,7 +397,7 @@ class Fleet:
         given): the sparse tables (shards) of the optimizer's model and the dense
         parameters, through the parameter-server runtime. Otherwise ``model``'s
         ``state_dict`` (default: the model given to ``distributed_model``) in
-        ``dirname/model.pt``. Either way written by the first worker only.
+        ``dirname/model.pt``, by the first worker (a PS delta: worker 0's too).
 
         With ``dataset`` (an InMemoryDataset or QueueDataset), one call
         checkpoints the whole job: every worker must then make it; each first

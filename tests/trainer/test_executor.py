@@ -243,6 +243,22 @@ def test_training_calls_train_and_inference_gives_every_part_its_mode_back(tmp_p
     stores.local_store().clear()
 
 
+def test_inference_gives_a_part_shared_by_two_parents_its_mode_back(tmp_path):
+    files = write_files(tmp_path)
+    model = Logistic()
+    shared = nn.Dropout(0.5)
+    model.a, model.b = nn.Sequential(shared), nn.Sequential(shared)
+    model.b.eval()  # the shared Dropout too
+    shared.train()  # then back on by hand, under an eval parent
+    Executor().infer_from_dataset(model, make(InMemoryDataset, files), fetch_list=[])
+    assert shared.training and not model.b.training and model.a.training
+    failing = Logistic()
+    failing.train()
+    with pytest.raises(TypeError):
+        Executor().infer_from_dataset(failing, 42, fetch_list=[])  # iter(42) fails
+    assert failing.training  # given back even when the pass could not start
+
+
 def test_a_worker_thread_error_is_raised_in_the_caller_with_its_traceback(tmp_path):
     dataset = make(QueueDataset, write_files(tmp_path, files=2, per_file=200))
     calls = itertools.count()

@@ -349,9 +349,12 @@ def test_shrink_and_save_are_worker_0s_as_in_paddle(caplog, tmp_path):
     assert said == [  # once each
         "fleet.shrink() on worker 1 does nothing: worker 0 does it for the whole job, as in "
         "Paddle, where every worker calls it (call it on worker 0)",
-        "fleet.save_persistables() on worker 1 does nothing: worker 0 does it for the whole "
-        "job, as in Paddle, where every worker calls it (call it on worker 0)",
+        "fleet.save_persistables(mode=1) on worker 1 does nothing: worker 0 does it for the "
+        "whole job, as in Paddle, where every worker calls it (call it on worker 0)",
     ]
+    # A base is whole from any worker (the last stands): this one goes to the servers.
+    with pytest.raises(Exception, match="optimizer|init_worker"):
+        other.save_persistables(str(tmp_path / "ckpt"), mode=0)
     first = ParameterServerRuntime(ClusterRole(Role.WORKER, 0, 2, servers, job_secret="k" * 16))
     with pytest.raises(Exception, match="init_worker|optimizer|connect"):
         first.shrink()  # worker 0 goes to the servers (none here)

@@ -401,9 +401,12 @@ class ParameterServerRuntime:
         """Whether this worker leaves ``what`` to worker 0, as Paddle's shrink
         and save_persistables do: a program ported from Paddle calls them on
         every worker, where each call would decay the rows' statistics again,
-        or write a delta that replaces the one before it. Said once."""
+        or write a delta that replaces the one before it. Said once. Its own
+        updates are sent first (GEO: its pending deltas), as its save did."""
         if self.local or not self.role.is_worker or self.role.index == 0:
             return False
+        if self.servers is not None:
+            self.training.flush()  # what this worker trained reaches worker 0's call
         if what not in self._left_to_worker_0:
             self._left_to_worker_0.add(what)
             log.warning(
@@ -439,16 +442,19 @@ class ParameterServerRuntime:
         """Writes the sparse tables and the dense parameters to ``dirname``
         (``trainer.ps.checkpoint``): ``mode`` 0 ("base") every row, 1 ("delta")
         the rows changed since the last save and the ids dropped since. In PS
-        mode worker 0 saves (another worker's call does nothing, as in Paddle,
-        where every worker calls it): the servers write the files, so
+        mode call it from one worker; a delta is worker 0's (another worker's
+        call sends its updates and returns, as Paddle's programs call it on
+        every worker): the servers write the files, so
         ``dirname`` must be visible to them. ``extra_files`` (name: bytes) go
         into the same checkpoint, which appears whole or not at all (the
         workers' dataset positions). After a failed save the next delta is
         written as a base (the failed one may have marked rows saved)."""
-        if self._left_to_first_worker("fleet.save_persistables()"):
+        kind = checkpoint.save_kind(mode)
+        # A delta from every worker would replace the one before it (its rows
+        # lost); a base from every worker is whole each time (the last stands).
+        if kind == "delta" and self._left_to_first_worker("fleet.save_persistables(mode=1)"):
             return
         optimizer = self._require_optimizer("save_persistables()")
-        kind = checkpoint.save_kind(mode)
         if kind == "delta" and self._save_failed:
             log.warning("save_persistables(%s): the last save failed; writing a base", dirname)
             kind = "base"
