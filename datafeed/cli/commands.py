@@ -120,6 +120,7 @@ def _dataset(args: argparse.Namespace, schema: SlotSchema, on_bad_line: str) -> 
         pipe_command=args.pipe,
         on_bad_line=on_bad_line,
         progress=args.progress,
+        split_files=getattr(args, "split_files", None),
     )
     dataset.set_filelist(args.files)
     return dataset
@@ -571,6 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(stats)
     stats.add_argument("--threads", "-j", type=int, default=1, help="files read at once")
     stats.add_argument(
+        "--split-files", action=argparse.BooleanOptionalAction, default=None,
+        help="with fewer files than -j, read large files as byte ranges, each by its own "
+        "reader (default: with --pipe cat only; say so for a reader that treats each "
+        "line on its own)",
+    )
+    stats.add_argument(
         "--on-bad-line", choices=("raise", "skip"), default="skip",
         help="skip (and count) bad lines, or stop at the first (default: skip)",
     )
@@ -590,6 +597,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="parquet (default) or arrow (the fleetfeed cache format)",
     )
     convert.add_argument("--threads", "-j", type=int, default=1, help="files read at once")
+    convert.add_argument(
+        "--split-files", action=argparse.BooleanOptionalAction, default=None,
+        help="with fewer files than -j, read large files as byte ranges, each by its own "
+        "reader (default: with --pipe cat only; say so for a reader that treats each "
+        "line on its own)",
+    )
     convert.add_argument(
         "--on-bad-line", choices=("raise", "skip"), default="raise",
         help="stop at the first bad line (default) or skip and count them",

@@ -385,6 +385,23 @@ def test_stats_text_output_and_skipped_lines(bad_file: Path):
     )
 
 
+def test_stats_reads_whole_files_unless_told_it_may_split(tmp_path: Path):
+    # A reader that skips its file's first line loses one record per extra
+    # byte range: with -j 4 over one 9 MiB file it reads the file whole.
+    path = tmp_path / "big.txt"
+    lines = 1_200_000  # 8 bytes each: past the 8 MiB a split needs
+    path.write_text("header\n" + "1 5 1 0\n" * lines)
+    spec = "ids:uint64,label:int64:1"
+
+    def records(*flags: str) -> int:
+        result = datafeed("stats", path, "--pipe", "tail -n +2", "--slots", spec, "-j", "4",
+                          "--json", *flags)
+        return json.loads(result.stdout)["records"]
+
+    assert records() == lines
+    assert records("--split-files") < lines  # what the default prevents
+
+
 # -- convert -----------------------------------------------------------------------------
 
 
