@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -360,6 +361,67 @@ def test_shrink_and_save_are_worker_0s_as_in_paddle(caplog, tmp_path):
         first.shrink()  # worker 0 goes to the servers (none here)
 
 
+def geo_job_main(config: dict) -> None:
+    """A GEO job of 2 workers: worker 1 trains one step (its delta waits for
+    k_steps=100), then calls fleet.shrink() as a Paddle program does on every
+    worker; worker 0 then reads the servers' table."""
+    from trainer.job.strategy import DistributedStrategy
+
+    role = ClusterRole(
+        Role.SERVER if config["role"] == "server" else Role.WORKER, config["index"],
+        2, tuple(config["servers"]), job_secret="job-secret",
+    )
+    strategy = DistributedStrategy()
+    strategy.a_sync_configs = {"k_steps": 100}
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.emb = SparseEmbedding(4, "geo_gated")
+    runtime = ParameterServerRuntime(role, strategy)
+    opt = runtime.distributed_optimizer(torch.optim.SGD([torch.zeros(1)], lr=1.0), model)
+    if role.is_server:
+        runtime.init_server()
+        runtime.run_server()
+        return
+    runtime.init_worker()
+    told = Path(config["out"] + ".shrunk")
+    ids = torch.arange(1000, 1010)
+    if role.index == 1:
+        rows = model.emb(ids)
+        rows.sum().backward()  # each value's gradient 1: SGD at lr 1 moves it by -1
+        opt.step()
+        runtime.shrink()  # left to worker 0, after sending this worker's delta
+        told.write_text(json.dumps(rows.detach().tolist()))
+        # Nothing else sends the delta (the barrier below would) before worker 0 read.
+        deadline = time.monotonic() + 60
+        while not Path(config["out"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:
+        deadline = time.monotonic() + 60
+        while not told.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        model.emb.eval()  # reads the servers' rows (this worker has none)
+        with torch.no_grad():
+            served = model.emb(ids).tolist()
+        Path(config["out"]).write_text(json.dumps(
+            {"before": json.loads(told.read_text()), "served": served}))
+    runtime.barrier_worker()
+    runtime.stop_worker()
+
+
+@pytest.mark.distributed
+def test_a_worker_that_leaves_the_shrink_to_worker_0_sends_its_updates_first(tmp_path):
+    with reserved_ports(1) as ports:
+        base = {"servers": [f"127.0.0.1:{ports[0]}"], "out": str(tmp_path / "rows.json"),
+                "main": "geo"}
+        configs = [{**base, "role": "server", "index": 0}] + [
+            {**base, "role": "worker", "index": i} for i in (0, 1)]
+        finish_job(launch(tmp_path, configs), JOB_TIMEOUT, tmp_path)
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    # The servers hold worker 1's delta, scaled by 1/worker_num as GEO merges it.
+    assert np.allclose(np.array(rows["served"]), np.array(rows["before"]) - 0.5, atol=1e-6)
+    assert "fleet.shrink() on worker 1 does nothing" in (tmp_path / "p2.log").read_text()
+
+
 def job_main(config: dict) -> None:
     """One process of a test job."""
     role = ClusterRole(
@@ -406,18 +468,23 @@ def run_job(tmp_path: Path, servers: int) -> dict:
         base = {"servers": eps, "out": str(tmp_path / "result.json")}
         configs = [{**base, "role": "server", "index": i} for i in range(servers)]
         configs.append({**base, "role": "worker", "index": 0})
-        procs = []
-        for n, config in enumerate(configs):
-            with open(tmp_path / f"p{n}.log", "w") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, __file__, json.dumps(config)], stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                        [str(REPO), os.environ.get("PYTHONPATH", "")]
-                    )},
-                ))
-        finish_job(procs, JOB_TIMEOUT, tmp_path)
+        finish_job(launch(tmp_path, configs), JOB_TIMEOUT, tmp_path)
     return json.loads((tmp_path / "result.json").read_text())
+
+
+def launch(tmp_path: Path, configs: list[dict]) -> list[subprocess.Popen]:
+    """One process of this file per config, its output in ``p<n>.log``."""
+    procs = []
+    for n, config in enumerate(configs):
+        with open(tmp_path / f"p{n}.log", "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, json.dumps(config)], stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                    [str(REPO), os.environ.get("PYTHONPATH", "")]
+                )},
+            ))
+    return procs
 
 
 @pytest.mark.distributed
@@ -437,4 +504,5 @@ def test_admission_shrink_and_stats_across_servers(tmp_path, servers):
 
 
 if __name__ == "__main__":
-    job_main(json.loads(sys.argv[1]))
+    given = json.loads(sys.argv[1])
+    (geo_job_main if given.get("main") == "geo" else job_main)(given)
