@@ -475,4 +475,3 @@ def _restore_modes(module: torch.nn.Module, modes: list[tuple[torch.nn.Module, b
     for part, mode in modes[1:]:
         if part.training != mode:
             part.train(mode)
-

@@ -130,7 +130,8 @@ class StreamingAUC:
             ValueError: on mismatched lengths, non-binary labels, NaN scores or
                 scores outside [0, 1].
         """
-        positive, score = _labels_and_scores(labels, scores)
+        given = _as_numpy(scores)
+        positive, score = _labels_and_scores(labels, given)
         # A float32 mixture of probabilities can round to 1.0000001: that is
         # no logit, and should not stop a run hours in.
         outside = (score < -ROUNDING) | (score > 1 + ROUNDING)
@@ -140,7 +141,6 @@ class StreamingAUC:
                 f"{int(outside.sum())} of {score.size} scores outside, e.g. "
                 f"{score[outside][:3].tolist()} (logits? give torch.sigmoid(logits))"
             )
-        given = _as_numpy(scores)
         if given.dtype in (np.float32, np.float64):
             score = given  # Paddle's kernel multiplies in the scores' own type
         bucket = (score * score.dtype.type(self.num_thresholds)).astype(np.int64)

@@ -119,9 +119,11 @@ cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
     return x
 
 
-def first_foreign_id(ids, uint64_t shards, uint64_t shard):
+def first_not_owned(ids, uint64_t shards, uint64_t shard):
     """The position of the first of ``ids`` that server ``shard`` of
-    ``shards`` does not own (``ids.shard_of``, which this must equal), or -1."""
+    ``shards`` does not own (``ids.shard_of``, which this must equal), or -1:
+    one pass without the arrays ``shard_of`` makes (a server checks every id
+    a message brings)."""
     cdef const uint64_t[::1] keys = _as_u64(ids)
     cdef Py_ssize_t i, n = keys.shape[0], found = -1
     if shards <= 1:

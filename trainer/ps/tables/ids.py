@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import torch
 
-from ._rows import first_foreign_id, unique_inverse
+from ._rows import first_not_owned, unique_inverse
 
 __all__ = [
     "as_u64", "first_not_owned", "init_rows", "mix64", "shard_of", "table_seed", "unique_inverse",
@@ -51,13 +51,6 @@ def shard_of(ids: np.ndarray, shards: int) -> np.ndarray:
         return np.zeros(ids.shape[0], dtype=np.int64)
     # Shift first: the low bits of mix64 also index the servers' hash tables.
     return ((mix64(as_u64(ids) ^ _U64(0x5EED)) >> _U64(33)) % _U64(shards)).astype(np.int64)
-
-
-def first_not_owned(ids: np.ndarray, shards: int, shard: int) -> int:
-    """The position of the first of ``ids`` (uint64) whose server by
-    ``shard_of`` is not ``shard``, or -1: one pass in C, without the arrays
-    ``shard_of`` makes (a server checks every id a message brings)."""
-    return first_foreign_id(ids, shards, shard)
 
 
 def table_seed(name: str, seed: int) -> np.uint64:
