@@ -438,8 +438,8 @@ class Fleet:
     def load_persistables(
         self, dirname: str, model: Any = None, dataset: Any = None, **kwargs: Any
     ) -> None:
-        """Loads what ``save_persistables`` wrote (PS mode: through the runtime).
-
+        """Loads what ``save_persistables`` wrote (PS mode: through the runtime;
+        in a job of several workers every worker calls it and worker 0 loads, as in Paddle).
         With ``dataset``, also this worker's dataset position (see
         ``load_dataset_state``, which says what it raises); every worker must
         then make the call.

@@ -21,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +32,13 @@ from support import finish_job, reserved_ports
 from test_ps import JOB_TIMEOUT, Model, Strategy, auc, batches, loss_of, run_job
 from torch import nn
 
+from datafeed import Ragged
 from trainer.embedding import pending, stores
-from trainer.job.errors import CheckpointError
+from trainer.job.errors import CheckpointError, TrainerError
 from trainer.job.role import ClusterRole, Role
 from trainer.nn import SparseEmbedding
 from trainer.ps import OptimizerSpec, ParameterServerRuntime, load_local
+from trainer.ps import server as handlers
 from trainer.ps.checkpoint import directory as checkpoint
 from trainer.ps.checkpoint import table_files
 from trainer.ps.client import shard_dense
@@ -642,5 +645,91 @@ def test_a_checkpoint_reshards_between_jobs(jobs, tmp_path):
     shutil.rmtree(one)
 
 
+def load_together_main(config: dict) -> None:
+    """A job's process (1 server, 2 async workers): worker 0 saves a base and
+    a delta; then both load them, worker 1 late, and worker 0 trains a new id
+    right after its loads and saves a base; each then loads the delta again,
+    which the servers, past it, refuse."""
+    eps = tuple(config["servers"])
+    role = ClusterRole(Role.SERVER if config["role"] == "server" else Role.WORKER,
+                       config["index"], 2, eps, job_secret="job-secret")
+    torch.manual_seed(0)
+    model = Model()
+    runtime = ParameterServerRuntime(role, Strategy("async"))
+    opt = runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1))
+    if role.is_server:
+        runtime.init_server()
+        runtime.run_server()
+        return
+    runtime.init_worker()
+    base, delta = config["base"], config["delta"]
+
+    def train(data) -> None:
+        for x, y in data:
+            loss_of(model, x, y).backward()
+            opt.step()
+            opt.zero_grad()
+
+    if role.index == 0:
+        train(batches(0, 200))
+        runtime.save_persistables(base)
+        train(batches(0, 400)[4:])
+        runtime.save_persistables(delta, mode=1)
+        train(batches(0, 200))  # the servers move past the delta
+    runtime.barrier_worker()
+    if role.index == 1:
+        time.sleep(1.0)  # a late worker
+    runtime.load_persistables(base)
+    runtime.load_persistables(delta)
+    out: dict = {"dense": [p.detach().tolist() for p in model.parameters()]}
+    new_id = Ragged(torch.tensor([config["new_id"]]), torch.tensor([0, 1]))
+    if role.index == 0:  # trains at once: a row the delta lacks
+        train([(new_id, torch.ones(1))])
+    runtime.barrier_worker()
+    out["loads"] = runtime.servers.call(0, handlers.describe)["loads"]
+    if role.index == 0:
+        runtime.save_persistables(config["final"])
+    try:
+        runtime.load_persistables(delta)
+    except (CheckpointError, TrainerError) as error:
+        out["again"] = f"{type(error).__name__}: {error}"
+    runtime.stop_worker()
+    Path(config["out"] + f".{role.index}").write_text(json.dumps(out))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_every_worker_loads_and_worker_0_loads_for_the_job(tmp_path):
+    # Paddle's order (the_one_ps.py's _load_persistables): a barrier, the
+    # first worker loads, a barrier. Each worker loading for itself, a late
+    # worker's base undid worker 0's first step (its new row dropped) and the
+    # servers loaded 4 checkpoints for 2.
+    with reserved_ports(1) as ports:
+        config = {"servers": [f"127.0.0.1:{ports[0]}"], "job": "load_together",
+                  "base": str(tmp_path / "base"), "delta": str(tmp_path / "delta"),
+                  "final": str(tmp_path / "final"), "out": str(tmp_path / "result"), "new_id": 12345}
+        procs = []
+        for role, index in (("server", 0), ("worker", 0), ("worker", 1)):
+            with open(tmp_path / f"{role}{index}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, __file__, json.dumps({**config, "role": role, "index": index})],
+                    stdout=log, stderr=subprocess.STDOUT))
+        finish_job(procs, JOB_TIMEOUT, tmp_path)
+    first, second = (json.loads((tmp_path / f"result.{i}").read_text()) for i in (0, 1))
+    assert first["loads"] == second["loads"] == 2  # one load per call of the job
+    assert ("ps_emb", 12345) in checkpoint_contents(tmp_path / "final")["rows"]
+    saved = checkpoint_contents(tmp_path / "delta")["dense"]
+    for worker in (first, second):  # each read the loaded values
+        assert worker["dense"] == [saved[i] for i in range(len(saved))]
+    assert first["again"].startswith("CheckpointError: checkpoint") and "is a delta of save" in (
+        first["again"])
+    assert second["again"].startswith("TrainerError: load_persistables(") and (
+        "worker 0's load of it did not reach every server" in second["again"])
+
+
 if __name__ == "__main__":
-    reshard_main(json.loads(sys.argv[1]))
+    job_config = json.loads(sys.argv[1])
+    if job_config.get("job") == "load_together":
+        load_together_main(job_config)
+    else:
+        reshard_main(job_config)

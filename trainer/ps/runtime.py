@@ -34,7 +34,7 @@ from datafeed.source.fs import write_atomically
 from ..embedding import stores, tables
 from ..embedding.tables import TableConfig
 from ..job import restart
-from ..job.errors import CheckpointError, ServerCallError, TrainerError
+from ..job.errors import CheckpointError, ServerCallError, ServerUnavailableError, TrainerError
 from ..job.keys import require_key_or_insecure
 from ..job.role import ClusterRole
 from ..job.strategy import async_settings, parameter_server_mode
@@ -533,10 +533,16 @@ class ParameterServerRuntime:
         re-sharded by parameter (``checkpoint.dense_optimizer_state``). Every
         file is read and checked before anything changes.
 
+        A PS job of several workers loads as Paddle's does: every worker calls
+        it, worker 0 loads for the job between two barriers, and each worker
+        then reads the loaded values (``_load_for_the_job``).
+
         Raises:
             FileNotFoundError: ``dirname`` has no ``meta.json``.
             CheckpointError: a file is malformed or does not fit the model
                 (PS mode: each server refuses it, and the call fails naming it).
+            TrainerError: (several workers) not every worker called it within
+                ``FLEETFEED_PS_START_TIMEOUT``, or worker 0's load failed.
         """
         optimizer = self._require_optimizer("load_persistables()")
         meta = checkpoint.read_meta(dirname)
@@ -561,6 +567,55 @@ class ParameterServerRuntime:
             self._checkpoint.loaded(meta, self.params, exact)
             return
         servers = self._connected()
+        self.training.settle()
+        if self.role.worker_num > 1:
+            self._load_for_the_job(servers, dirname, meta)
+        else:
+            self._load_on_servers(servers, dirname, meta)
+        copy_dense(self.params, servers.call_all(handlers.pull_dense))
+        self.training.reloaded()
+
+    def _load_for_the_job(self, servers: Any, dirname: str, meta: dict[str, Any]) -> None:
+        """Paddle's order: a barrier, worker 0 loads, a barrier. A load by every
+        worker would be a race: a late worker's base would undo the first
+        steps of the others, and its delta would be refused (the servers are
+        past it). The other workers learn that the load landed from the
+        servers' count of loads, which went up on every server."""
+        loads = [info.get("loads") for info in servers.call_all(handlers.describe)]
+        self._meet_for_load(dirname)
+        if self.role.index == 0:
+            try:
+                self._load_on_servers(servers, dirname, meta)
+            except BaseException:
+                try:  # the others learn of the failure from the servers' counts
+                    self._meet_for_load(dirname)
+                except Exception:  # noqa: BLE001 - worker 0's own error is the one to raise
+                    log.warning("load_persistables(%s): the other workers did not meet "
+                                "worker 0 after its failed load", dirname)
+                raise
+            self._meet_for_load(dirname)
+            return
+        self._meet_for_load(dirname)
+        after = [info.get("loads") for info in servers.call_all(handlers.describe)]
+        if any(now == before for now, before in zip(after, loads, strict=True)):
+            raise TrainerError(
+                f"load_persistables({dirname!r}) on worker {self.role.index}: worker 0's "
+                "load of it did not reach every server (worker 0 raised why); this "
+                "worker's model is as it was"
+            )
+
+    def _meet_for_load(self, dirname: str) -> None:
+        try:
+            self._meet_the_others()
+        except ServerUnavailableError as error:
+            raise TrainerError(
+                f"load_persistables({dirname!r}) on worker {self.role.index}: not every "
+                "worker reached it: in a parameter-server job of several workers every "
+                f"worker calls load_persistables, as in Paddle (worker 0 loads) ({error})"
+            ) from error
+
+    def _load_on_servers(self, servers: Any, dirname: str, meta: dict[str, Any]) -> None:
+        """Every server loads its part of the checkpoint, or none does."""
         if meta["kind"] == "delta":
             # Checked here, before any server loads: a delta some servers took
             # and others refused would leave the tables mixed.
@@ -572,7 +627,6 @@ class ParameterServerRuntime:
                     path=dirname,
                 )
             checkpoint.check_follows(meta, states.pop(), dirname)
-        self.training.settle()
         try:
             servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers))
         except ServerCallError as error:
@@ -581,8 +635,6 @@ class ParameterServerRuntime:
             if error.remote_type != "CheckpointError":
                 raise
             raise CheckpointError(str(error), path=dirname) from error
-        copy_dense(self.params, servers.call_all(handlers.pull_dense))
-        self.training.reloaded()
 
 
 def model_configs(

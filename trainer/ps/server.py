@@ -91,6 +91,7 @@ class ParameterServer:
         self._pulled: dict[tuple[int, str], list[PulledRows]] = {}
         self._pulled_lock = threading.Lock()
         self._checkpoint = checkpoint.CheckpointState()
+        self._loads = 0  # checkpoints loaded: the other workers see worker 0's load land
 
     # -- description -----------------------------------------------------------
 
@@ -103,6 +104,7 @@ class ParameterServer:
             "tables": {n: [t.dim, t.optimizer.kind] for n, t in sorted(self.tables.items())},
             "dense": [list(p.shape) for p in self.dense],
             "checkpoint_state": self._checkpoint.state,
+            "loads": self._loads,
         }
 
     def check_worker(self, worker: int) -> int:
@@ -456,6 +458,7 @@ class ParameterServer:
             if self.dense_optimizer is not None and optimizer_state is not None:
                 self.dense_optimizer.load_state_dict(optimizer_state)
             self._checkpoint.loaded(meta, [self.dense[i] for i in self.owned], exact)
+            self._loads += 1
         log.info("server %d loaded %s", self.index, dirname)
 
 
