@@ -707,13 +707,14 @@ def test_every_worker_loads_and_worker_0_loads_for_the_job(tmp_path):
     with reserved_ports(1) as ports:
         config = {"servers": [f"127.0.0.1:{ports[0]}"], "job": "load_together",
                   "base": str(tmp_path / "base"), "delta": str(tmp_path / "delta"),
-                  "final": str(tmp_path / "final"), "out": str(tmp_path / "result"), "new_id": 12345}
+                  "final": str(tmp_path / "final"), "out": str(tmp_path / "result"),
+                  "new_id": 12345}
         procs = []
         for role, index in (("server", 0), ("worker", 0), ("worker", 1)):
+            process_config = json.dumps({**config, "role": role, "index": index})
             with open(tmp_path / f"{role}{index}.log", "w") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, __file__, json.dumps({**config, "role": role, "index": index})],
-                    stdout=log, stderr=subprocess.STDOUT))
+                procs.append(subprocess.Popen([sys.executable, __file__, process_config],
+                                              stdout=log, stderr=subprocess.STDOUT))
         finish_job(procs, JOB_TIMEOUT, tmp_path)
     first, second = (json.loads((tmp_path / f"result.{i}").read_text()) for i in (0, 1))
     assert first["loads"] == second["loads"] == 2  # one load per call of the job
