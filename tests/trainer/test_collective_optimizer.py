@@ -30,6 +30,7 @@ from torch import nn
 from trainer import fleet
 
 out, scenario, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+CLIP_NORM = 0.01
 rank = int(os.environ["RANK"])
 torch.set_num_threads(1)
 
@@ -90,6 +91,15 @@ if scenario == "accumulate":
             nn.functional.cross_entropy(model(x, rank), y).backward()
         optimizer.step()
         optimizer.zero_grad()
+elif scenario == "clip":
+    model = mlp()
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
+    for step in range(steps):
+        x, y = gen_data(rank, step)
+        nn.functional.cross_entropy(model(x), y).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)  # of the averaged gradients
+        optimizer.step()
+        optimizer.zero_grad()
 elif scenario == "sharded":
     model = Sharded()
     net = fleet.distributed_model(model)
@@ -147,6 +157,42 @@ def one_process_on_both_ranks_batches() -> dict[str, torch.Tensor]:
             p.grad = (g0 + g1) / 2
         optimizer.step()
     return {name: p.detach().reshape(-1) for name, p in model.named_parameters()}
+
+
+def clipped_reference() -> dict[str, torch.Tensor]:
+    """The ``clip`` scenario in one process: each step's mean gradient over
+    the two ranks, clipped to a norm of 0.01, then plain SGD."""
+    torch.manual_seed(100)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                          nn.Linear(64, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        grads = []
+        for rank in (0, 1):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.rand(128, 32, generator=g), torch.randint(0, 2, (128,), generator=g)
+            model.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, g0, g1 in zip(model.parameters(), *grads, strict=True):
+            p.grad = (g0 + g1) / 2
+        nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        optimizer.step()
+    return {name: p.detach().reshape(-1) for name, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+def test_clipping_between_backward_and_step_clips_the_averaged_gradients(tmp_path):
+    """The means are in ``.grad`` when the backward returns: a clip (or a
+    GradScaler's unscale) before the step works on them, as in Paddle, where
+    each gradient's all-reduce follows its op. Written at the step, the means
+    replaced the clipped gradients: the model moved thousands of times the
+    clip's bound."""
+    rank0, rank1 = run_two_ranks(tmp_path, "clip")
+    expected = clipped_reference()
+    for name in expected:
+        assert torch.equal(rank0[name], rank1[name]), name
+        assert torch.allclose(rank0[name], expected[name], atol=1e-6, rtol=0), name
 
 
 def accumulated_reference() -> dict[str, torch.Tensor]:
@@ -270,3 +316,27 @@ def test_model_parallel_shards_are_never_broadcast_or_averaged(tmp_path):
 def no_torch_env(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
+
+
+def test_a_model_with_sparse_tables_is_refused_in_a_collective_job():
+    # Nothing in a collective job pushes a SparseEmbedding's rows: they would
+    # never train, with only a warning after thousands of pulls.
+    from trainer.collective.data_parallel import CollectiveOptimizer
+    from trainer.embedding import stores
+    from trainer.job.errors import TrainerError
+    from trainer.nn import SparseEmbedding
+
+    class Ctr(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ids = SparseEmbedding(4, "collective_refused")
+            self.out = nn.Linear(4, 1)
+
+    model = Ctr()
+    try:
+        with pytest.raises(TrainerError, match=r"SparseEmbedding tables \['collective_refused'\]"):
+            CollectiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        dense_only = nn.Linear(4, 1)  # another model beside it is not refused
+        CollectiveOptimizer(torch.optim.SGD(dense_only.parameters(), lr=0.1))
+    finally:
+        stores.local_store().clear()

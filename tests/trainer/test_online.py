@@ -429,3 +429,37 @@ def test_a_relaunch_with_a_later_first_day_goes_on_counting_the_days(tmp_path: P
     # A fresh output counts from its own first day.
     _slices(tmp_path / "other", "20261130", ["00", "01"])
     assert passes_set(online_loop_calls(tmp_path / "other", "20261130")) == ["1", "1"]
+
+
+def test_a_complete_slice_of_other_files_is_refused_and_an_empty_one_warned(
+    tmp_path: Path, caplog
+) -> None:
+    # PaddleRec trains every file of a slice; with a file_pattern that matched
+    # none of them, the slice trained nothing and was listed as done.
+    from trainer.job.errors import TrainerError
+
+    _slices(tmp_path, "20261127", ["00", "01"])
+    (tmp_path / "data" / "20261127" / "01" / "part-0").rename(
+        tmp_path / "data" / "20261127" / "01" / "part_0.txt")
+    with pytest.raises(TrainerError, match=r"20261127/01: no file matches "
+                       r"file_pattern='part-\*', but the slice holds 1 other file\(s\) "
+                       r"\(part_0.txt\)"):
+        online_loop_calls(tmp_path)
+    listed = tmp_path / "out" / "donefile.txt"
+    assert not listed.exists() or "20261127\t2" not in listed.read_text()
+    (tmp_path / "data" / "20261127" / "01" / "part_0.txt").unlink()
+    with caplog.at_level("WARNING", logger="trainer.loop.online_loop"):
+        calls = online_loop_calls(tmp_path)
+    assert "20261127/01 is complete (to.hadoop.done) but holds no data file" in caplog.text
+    assert ("train", "2") in calls
+
+
+def test_the_online_loop_refuses_an_output_uri(tmp_path: Path) -> None:
+    # The saves go to the servers' local disks: done files on a URI would list
+    # folders that do not exist there.
+    from trainer.loop.online_loop import OnlineLoop
+
+    with pytest.raises(ValueError, match=r"output must be a local folder, found "
+                       r"'file:///srv/out'"):
+        OnlineLoop(RecordingFleet(), str(tmp_path), "file:///srv/out", "20261127",
+                   make_dataset=list)

@@ -27,6 +27,7 @@ module's forward ran since the last step.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -35,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..embedding import tables
+from ..job.errors import TrainerError
 from .process_group import wait_for, world_size
 
 __all__ = [
@@ -207,10 +210,16 @@ class _OverlappedAverage:
     """Averages gradients while the backward runs, as DDP does: a hook on each
     parameter notes its gradient; a bucket whose gradients are all in starts its
     all-reduce at once, if every bucket before it has started (every rank must
-    start them in one order). ``finish()``, at the step, starts the rest, agrees
-    with the other ranks on which gradients exist and which buckets went stale
-    (a second backward before the step: gradient accumulation), redoes those,
-    and writes each mean into ``.grad``.
+    start them in one order). ``finish()``, at the end of the backward, starts
+    the rest, agrees with the other ranks on which gradients exist and which
+    buckets went stale, redoes those, and writes each mean into ``.grad``.
+
+    At the end of the backward, not at the step: what runs between the two
+    (gradient clipping, a GradScaler's unscale) must see the means, as in
+    Paddle, whose all-reduce follows each gradient's op. Written at the step,
+    the means replaced the clipped gradients. A second backward before the
+    step (gradient accumulation) adds its gradients to the means and averages
+    again: the means of the sums, as the mean is linear.
     """
 
     def __init__(self, params: list[torch.Tensor]) -> None:
@@ -220,6 +229,8 @@ class _OverlappedAverage:
         self.params = [p for bucket in self.buckets for p in bucket.params]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.started = 0  # buckets[:started] are in flight
+        self.pending = False  # gradients came in that finish() has not averaged
+        self._queued = threading.local()  # this thread's backward will call finish()
         for p in params:
             # The newest optimizer over a parameter owns it: the hooks of an
             # earlier one stay on the tensor but stand down (a collective that
@@ -229,6 +240,11 @@ class _OverlappedAverage:
             setattr(p, _AVERAGER, weakref.ref(self))
 
     def gradient_in(self, parameter: torch.Tensor) -> None:
+        self.pending = True
+        if not getattr(self._queued, "value", False):
+            self._queued.value = True
+            # Runs when this backward is over (DDP's own way to finish its buckets).
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         bucket = self.bucket_of[id(parameter)]
         if bucket.work is not None:
             bucket.stale = True
@@ -241,7 +257,12 @@ class _OverlappedAverage:
             next_bucket.launch()
             self.started += 1
 
+    def _backward_done(self) -> None:
+        self._queued.value = False
+        self.finish(world_size())
+
     def finish(self, world: int) -> None:
+        self.pending = False
         for bucket in self.buckets[self.started:]:
             bucket.launch()
         self.started = len(self.buckets)
@@ -278,6 +299,29 @@ class _OverlappedAverage:
         self.started = 0
 
 
+def _refuse_sparse_tables(params: list[torch.Tensor]) -> None:
+    """Refuses an optimizer over a model that holds SparseEmbedding tables:
+    their rows live in a parameter-server job's tables (or local mode's), and
+    nothing in a collective job pushes their gradients, so they would never
+    train, without a word. Paddle's sparse embedding is parameter-server only too.
+
+    Raises:
+        TrainerError: a model of ``params`` holds SparseEmbedding modules.
+    """
+    if not tables.table_configs():  # no SparseEmbedding alive: no search of the models
+        return
+    names = sorted({name for model in tables.models_holding(params)
+                    for name in tables.model_tables(model)})
+    if names:
+        raise TrainerError(
+            f"fleet.distributed_optimizer in a collective job: the model holds "
+            f"SparseEmbedding tables {names}, which only a parameter-server job (or a "
+            "local one) trains; here their rows would never change. Start the job with "
+            "parameter servers (fleetrun --server_num=N --worker_num=M), or use "
+            "torch.nn.Embedding / EmbeddingBag in a collective job"
+        )
+
+
 class CollectiveOptimizer:
     """A torch optimizer whose ``step()`` first averages the gradients of the
     replicated parameters over every rank, as Paddle's collective
@@ -296,6 +340,7 @@ class CollectiveOptimizer:
         # Each DDP module's forward count at the last step (by id(module)).
         self._forwards_at_last_step: dict[int, int] = {}
         self._overlapped: _OverlappedAverage | None = None
+        _refuse_sparse_tables(list(self._parameters()))
         if dist.is_initialized() and world_size() > 1:
             scale_shard_gradients(self._parameters())
             self._start_equal()
@@ -330,7 +375,8 @@ class CollectiveOptimizer:
         gradient for keeps none)."""
         world = world_size()
         if self._overlapped is not None:
-            self._overlapped.finish(world)
+            if self._overlapped.pending:  # else averaged at the end of the backward
+                self._overlapped.finish(world)
             # Paddle's programs wrap the optimizer first, the model after: from
             # the next step DDP alone averages what it synchronises.
             if any(_ddp_of(p) is not None for p in self._overlapped.params):

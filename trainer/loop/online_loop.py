@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,8 @@ from ..job.errors import TrainerError
 from . import online
 
 __all__ = ["DAY_END", "OnlineLoop", "PassInfo"]
+
+log = logging.getLogger(__name__)
 
 DAY_END = -1  # donefile.txt's pass number of a day's base
 
@@ -95,8 +98,17 @@ class OnlineLoop:
         dump_fields: Sequence[str] | None = None, poll_interval: float = 1.0,
         timeout: float | None = None,
     ) -> None:
+        from datafeed.source import fs  # pyarrow: not at import trainer
+
         if days < 1:
             raise ValueError(f"days must be at least 1, got {days}")
+        if fs.is_uri(output):
+            raise ValueError(
+                f"output must be a local folder, found {output!r}: the saves go where "
+                "save_persistables writes them, to the disks of the servers (or of this "
+                "process), and the done files must list those; mount the store there, or "
+                "copy the folder out after each pass"
+            )
         self.fleet, self.data, self.output = fleet, data, output
         self.make_dataset, self.file_pattern, self.done_file = make_dataset, file_pattern, done_file
         self.dump_fields = list(dump_fields) if dump_fields else None
@@ -329,8 +341,29 @@ class OnlineLoop:
 
         files = []
         for folder in step.folders:
-            files += fs.list_files(folder, self.file_pattern)
+            matched = fs.list_files(folder, self.file_pattern)
+            if not matched:
+                self._check_empty(folder)
+            files += matched
         return self.fleet.util.get_file_shard(files)
+
+    def _check_empty(self, folder: str) -> None:
+        """A complete slice with no file of ``file_pattern``: an error when it
+        holds other files (their records would never train, the slice listed
+        as done), a warning when it holds none."""
+        from datafeed.source import fs
+
+        others = [f for f in fs.list_files(folder) if f.rsplit("/", 1)[-1] != self.done_file]
+        if others:
+            names = ", ".join(f.rsplit("/", 1)[-1] for f in others[:3])
+            more = ", ..." if len(others) > 3 else ""
+            raise TrainerError(
+                f"{folder}: no file matches file_pattern={self.file_pattern!r}, but the "
+                f"slice holds {len(others)} other file(s) ({names}{more}); "
+                "give OnlineLoop the file_pattern of the data files"
+            )
+        log.warning("%s is complete (%s) but holds no data file: this slice trains nothing",
+                    folder, self.done_file)
 
     def _complete(self, step: PassInfo) -> bool:
         from datafeed.source import fs
