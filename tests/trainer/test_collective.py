@@ -42,6 +42,22 @@ if scenario == "peer_dies":
     json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
     os._exit(0)
 
+if scenario == "huge_size":
+    from trainer.collective import process_group
+    from trainer.job.errors import TrainerError
+    import torch.distributed as dist
+
+    if rank == 1:  # announces a terabyte, as a hostile or broken rank could
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
+        dist.all_gather(sizes, torch.tensor([1 << 40], dtype=torch.int64))
+    else:
+        try:
+            process_group.all_gather_bytes(b"state")
+        except TrainerError as error:
+            result["error"] = str(error)
+    json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
+    os._exit(0)
+
 # 1. model-parallel layers equal one full layer built with the same seed, once the
 # optimizer averaged the replicated gradients and scaled the shards' (the ranks'
 # backwards give the gradient of the sum of their equal losses).
@@ -162,3 +178,12 @@ def test_a_peer_that_dies_fails_the_collective_naming_the_rank(tmp_path):
 def no_torch_env(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
+
+
+def test_a_rank_announcing_a_huge_gather_is_refused_before_any_allocation(tmp_path):
+    # Every rank holds every rank's bytes: 1 TiB announced by one rank made each
+    # of the others try to allocate it (an allocation error, or the OOM killer).
+    result = run_ranks(tmp_path, "huge_size", [0, 1], read=[0])[0]
+    assert result["error"] == (
+        f"rank 0: rank 1 announced {1 << 40} bytes to gather; expected 0 to {64 << 20}"
+    )

@@ -91,6 +91,18 @@ if scenario == "accumulate":
             nn.functional.cross_entropy(model(x, rank), y).backward()
         optimizer.step()
         optimizer.zero_grad()
+elif scenario == "frozen":
+    model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.Tanh(), nn.Linear(64, 2))
+    model[0].weight.requires_grad_(False)  # a frozen layer: not in the optimizer
+    model[0].bias.requires_grad_(False)
+    model[1].running_mean.fill_(rank)  # statistics of each rank's own
+    model[1].num_batches_tracked.fill_(10 + rank)
+    optimizer = fleet.distributed_optimizer(
+        torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05))
+    state = {name: t.detach().reshape(-1).tolist() for name, t in model.state_dict().items()}
+    json.dump(state, open(os.path.join(out, f"rank{rank}.json"), "w"))
+    fleet.stop_worker()
+    sys.exit(0)
 elif scenario == "clip":
     model = mlp()
     optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
@@ -157,6 +169,22 @@ def one_process_on_both_ranks_batches() -> dict[str, torch.Tensor]:
             p.grad = (g0 + g1) / 2
         optimizer.step()
     return {name: p.detach().reshape(-1) for name, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+def test_frozen_layers_and_buffers_start_from_rank_0s_too(tmp_path):
+    """Paddle's startup program broadcasts every parameter, trainable or not:
+    an optimizer given only the trainable ones left a frozen layer and the
+    BatchNorm statistics different on each rank, each replica another
+    function, without a word."""
+    rank0, rank1 = run_two_ranks(tmp_path, "frozen")
+    assert rank0.keys() == rank1.keys()
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+    assert rank1["1.running_mean"].eq(0).all()  # rank 0's
+    assert rank1["1.num_batches_tracked"].tolist() == [10]
+    torch.manual_seed(100)
+    assert torch.equal(rank1["0.weight"], nn.Linear(32, 64).weight.detach().reshape(-1))
 
 
 def clipped_reference() -> dict[str, torch.Tensor]:

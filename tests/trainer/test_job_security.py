@@ -55,6 +55,25 @@ def test_a_keyless_job_on_loopback_refuses_to_start_and_says_how_to_make_a_key(m
         keys.require_key_or_insecure(None, ["127.0.0.1:2"], "parameter server 0")
 
 
+@pytest.mark.parametrize("given, message", [
+    ("", r"expected a job key of at least 16 bytes .*found 0"),
+    ("job-secret", r"expected a job key of at least 16 bytes .*found 10"),
+    ("k" * 32, r"expected a random job key .*found one of only 1 distinct characters"),
+])
+def test_a_weak_key_given_in_code_is_refused_as_one_from_the_environment(
+    monkeypatch, given, message
+):
+    # job_secret=os.environ.get("KEY", "") ran with keys anyone could derive.
+    monkeypatch.setenv(keys.INSECURE_ENV, "1")  # no way around it
+    role = ClusterRole(Role.WORKER, 0, 1, ("127.0.0.1:1",), job_secret=given)
+    runtime = ParameterServerRuntime(role, None)
+    model = Model()
+    runtime.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+    with pytest.raises(RoleError, match="worker 0: the job key given: " + message):
+        runtime.init_worker()
+    keys.require_key_or_insecure(KEY, ["127.0.0.1:1"], "worker 0")  # a strong one runs
+
+
 def test_insecure_still_runs_keyless_on_a_declared_trusted_network(monkeypatch, caplog):
     monkeypatch.setenv(keys.INSECURE_ENV, "1")
     keys.require_key_or_insecure(None, ["10.0.0.1:6001"], "worker 1")
@@ -173,6 +192,11 @@ def test_a_directory_outside_the_root_or_through_a_link_is_refused(tmp_path):
         ("", r"expected a checkpoint directory name"),
         ("a\0b", r"expected a checkpoint directory name"),
         (["list"], r"expected a checkpoint directory name"),
+        # The root itself is not checked (a world-writable /tmp may be it): a
+        # save there followed a link another user planted in it.
+        (".", r"is this server's checkpoint root .* itself: name a directory under it"),
+        ("ok/..", r"is this server's checkpoint root .* itself"),
+        (str(root), r"is this server's checkpoint root .* itself"),
     ]
     for dirname, message in checks:
         with pytest.raises(CheckpointError, match=message):
@@ -353,6 +377,44 @@ def installed_server(tmp_path, monkeypatch):
     handlers.install(runtime.server)
     yield runtime.server
     handlers.install(None)
+
+
+def test_a_key_holder_cannot_speak_for_another_worker_or_stop_the_server(installed_server):
+    # Every worker holds the key: worker_done for each index stopped the server
+    # (exit 0, the real workers cut off), and a barrier could be released for
+    # the others. An index now belongs to the connection that named it first.
+    from trainer.job.errors import ServerCallError
+    from trainer.ps import transport
+
+    server = installed_server
+    curve = transport.CurveKeys.from_job_key(KEY)
+    with reserved_ports(1) as (port,):
+        endpoint = f"127.0.0.1:{port}"
+        listening = transport.ServerEndpoint(
+            endpoint, curve, handlers.HANDLERS, threads=2, name="parameter server 0",
+            worker_ops=handlers.WORKER_OPS, worker_num=2,
+        )
+        honest, hostile = (transport.ServerSet([endpoint], curve, 10.0) for _ in range(2))
+        try:
+            ids = torch.tensor([3, 4])
+            honest.call(0, handlers.pull_step, 0, ["ps_emb"], ids)  # worker 0's connection
+            with pytest.raises(ServerCallError, match=r"parameter server 0: worker 0 is "
+                               r"another connection's; two processes were given the same"):
+                hostile.call(0, handlers.worker_done, 0)
+            with pytest.raises(ServerCallError, match=r"expected a worker index in \[0, 2\), "
+                               r"found 5"):
+                hostile.call(0, handlers.pull_step, 5, ["ps_emb"], ids)
+            # The index nobody held is its own now: answered once every worker is done.
+            its_done = hostile.request(0, "worker_done", 1)
+            honest.call(0, handlers.pull_step, 0, ["ps_emb"], ids)
+            assert not server.all_done.is_set()  # worker 0 still serves
+            honest.call(0, handlers.worker_done, 0)
+            hostile.wait(0, its_done, "worker_done")
+            assert server.all_done.is_set()
+        finally:
+            honest.close()
+            hostile.close()
+            listening.close()
 
 
 def test_a_key_holders_push_that_would_corrupt_the_model_is_refused(installed_server):

@@ -141,6 +141,34 @@ def test_ps_job_sets_paddles_environment_and_stops_the_servers(tmp_path, dummy):
     assert_all_gone(tmp_path)
 
 
+def test_a_log_dir_other_users_may_write_into_is_refused_and_logs_follow_no_link(
+    tmp_path, dummy
+):
+    # In a shared folder another user could put a link where a log goes (the
+    # log then overwrote the file it named) or the restart record that names
+    # the checkpoint a restart loads.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    result = fleetrun("--server_num=1", "--worker_num=1", "--log_dir", str(shared), str(dummy),
+                      str(tmp_path), "ok", cwd=tmp_path)
+    assert result.returncode != 0
+    assert f"--log_dir {shared} is owned by uid {os.geteuid()} with mode 0777; expected a " \
+        "folder of this user" in result.stderr
+    assert list(shared.iterdir()) == []  # nothing started
+    private = tmp_path / "private"
+    private.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (private / "serverlog.0").symlink_to(victim)
+    result = fleetrun("--server_num=1", "--worker_num=1", "--log_dir", str(private), str(dummy),
+                      str(tmp_path), "ok", cwd=tmp_path)
+    assert result.returncode != 0
+    assert f"cannot write server 0's log {private}/serverlog.0: Too many levels of symbolic " \
+        "links (a symbolic link there is not followed)" in result.stderr
+    assert victim.read_text() == "keep me"
+
+
 @pytest.mark.distributed
 def test_explicit_endpoints_and_a_second_job_secret(tmp_path, dummy):
     with reserved_ports(1) as (port,):  # the dummy server listens on it

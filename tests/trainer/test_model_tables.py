@@ -260,7 +260,7 @@ def load_main(config: dict) -> dict:
 def ps_main(config: dict) -> None:
     """One process of a PS job (1 server, 1 worker): trains and saves Flat."""
     role = ClusterRole(Role.SERVER if config["role"] == "server" else Role.WORKER, 0, 1,
-                       tuple(config["servers"]), job_secret="job-secret")
+                       tuple(config["servers"]), job_secret="job-secret-0123456789")
     torch.manual_seed(0)
     flat, _other_model = Flat(config["prefixes"][0]), Nested(config["prefixes"][1])
     runtime = ParameterServerRuntime(role, None)

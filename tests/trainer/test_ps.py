@@ -99,7 +99,7 @@ def job_main(config: dict) -> None:
     eps = tuple(config["servers"])
     role = ClusterRole(
         Role.SERVER if config["role"] == "server" else Role.WORKER, config["index"],
-        config["workers"], eps, job_secret=config.get("secret", "job-secret"),
+        config["workers"], eps, job_secret=config.get("secret", "job-secret-0123456789"),
     )
     torch.manual_seed(0)
     model = Model()
@@ -164,7 +164,7 @@ def run_job(tmp_path: Path, mode: str, servers: int = 1, workers: int = 2, **ext
     with reserved_ports(servers) as ports:  # the servers listen on them
         eps = [f"127.0.0.1:{p}" for p in ports]
         base = {"servers": eps, "workers": workers, "mode": mode, "out": str(tmp_path / "result"),
-                "records": 2000, "secret": "job-secret", **extra}
+                "records": 2000, "secret": "job-secret-0123456789", **extra}
         procs = [start({**base, "role": "server", "index": i}, tmp_path, f"server{i}")
                  for i in range(servers)]
         procs += [start({**base, "role": "worker", "index": i}, tmp_path, f"worker{i}")
@@ -284,7 +284,8 @@ def assert_same_as_checkpoint(model: Model, ckpt: str) -> None:
 def test_unreachable_server_fails_fast_naming_it(monkeypatch):
     monkeypatch.setenv("FLEETFEED_PS_TIMEOUT", "1.5")
     with reserved_ports(1) as (port,):  # bound, never listening: connections are refused
-        role = ClusterRole(Role.WORKER, 0, 1, (f"127.0.0.1:{port}",), job_secret="job-secret")
+        role = ClusterRole(Role.WORKER, 0, 1, (f"127.0.0.1:{port}",),
+                           job_secret="job-secret-0123456789")
         runtime = ParameterServerRuntime(role, Strategy("async"))
         model = nn.Linear(1, 1)
         runtime.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))

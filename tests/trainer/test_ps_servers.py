@@ -187,7 +187,8 @@ def test_servers_keep_the_checkpoint_state_and_a_delta_loads_on_all_or_none(
     monkeypatch.setenv("FLEETFEED_CHECKPOINT_ROOT", str(tmp_path))
     servers = make_servers(table_name, 2)
     model = Small(table_name)
-    role = ClusterRole(Role.WORKER, 0, 1, ("127.0.0.1:1", "127.0.0.1:2"), job_secret="k" * 32)
+    role = ClusterRole(Role.WORKER, 0, 1, ("127.0.0.1:1", "127.0.0.1:2"),
+                       job_secret="job-secret-0123456789")
     runtime = ParameterServerRuntime(role, Strategy("async"))
     runtime.distributed_optimizer(torch.optim.Adagrad(model.parameters(), lr=0.1), model=model)
     runtime.servers = InProcessServers(servers)
@@ -543,7 +544,7 @@ def reshard_main(config: dict) -> None:
     """A job's process that loads a checkpoint and saves it again (1 worker)."""
     eps = tuple(config["servers"])
     role = ClusterRole(Role.SERVER if config["role"] == "server" else Role.WORKER,
-                       config["index"], 1, eps, job_secret="job-secret")
+                       config["index"], 1, eps, job_secret="job-secret-0123456789")
     torch.manual_seed(1)  # other initial values than the job that trained
     model = Model()
     runtime = ParameterServerRuntime(role, Strategy(config["mode"]))
@@ -652,7 +653,7 @@ def load_together_main(config: dict) -> None:
     which the servers, past it, refuse."""
     eps = tuple(config["servers"])
     role = ClusterRole(Role.SERVER if config["role"] == "server" else Role.WORKER,
-                       config["index"], 2, eps, job_secret="job-secret")
+                       config["index"], 2, eps, job_secret="job-secret-0123456789")
     torch.manual_seed(0)
     model = Model()
     runtime = ParameterServerRuntime(role, Strategy("async"))

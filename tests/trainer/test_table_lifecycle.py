@@ -340,7 +340,8 @@ def test_shrink_and_save_are_worker_0s_as_in_paddle(caplog, tmp_path):
     # A program ported from Paddle calls them on every worker: each call used
     # to decay the statistics again, and a second delta replaced the first.
     servers = ("127.0.0.1:1", "127.0.0.1:2")
-    other = ParameterServerRuntime(ClusterRole(Role.WORKER, 1, 2, servers, job_secret="k" * 16))
+    other = ParameterServerRuntime(
+        ClusterRole(Role.WORKER, 1, 2, servers, job_secret="job-secret-0123456789"))
     with caplog.at_level("WARNING", logger="trainer.ps.runtime"):
         assert other.shrink() == {}  # no server is asked: nothing listens on these ports
         other.save_persistables(str(tmp_path / "ckpt"), mode=1)
@@ -356,7 +357,8 @@ def test_shrink_and_save_are_worker_0s_as_in_paddle(caplog, tmp_path):
     # A base is whole from any worker (the last stands): this one goes to the servers.
     with pytest.raises(Exception, match="optimizer|init_worker"):
         other.save_persistables(str(tmp_path / "ckpt"), mode=0)
-    first = ParameterServerRuntime(ClusterRole(Role.WORKER, 0, 2, servers, job_secret="k" * 16))
+    first = ParameterServerRuntime(
+        ClusterRole(Role.WORKER, 0, 2, servers, job_secret="job-secret-0123456789"))
     with pytest.raises(Exception, match="init_worker|optimizer|connect"):
         first.shrink()  # worker 0 goes to the servers (none here)
 
@@ -369,7 +371,7 @@ def geo_job_main(config: dict) -> None:
 
     role = ClusterRole(
         Role.SERVER if config["role"] == "server" else Role.WORKER, config["index"],
-        2, tuple(config["servers"]), job_secret="job-secret",
+        2, tuple(config["servers"]), job_secret="job-secret-0123456789",
     )
     strategy = DistributedStrategy()
     strategy.a_sync_configs = {"k_steps": 100}
@@ -426,7 +428,7 @@ def job_main(config: dict) -> None:
     """One process of a test job."""
     role = ClusterRole(
         Role.SERVER if config["role"] == "server" else Role.WORKER, config["index"],
-        1, tuple(config["servers"]), job_secret="job-secret",
+        1, tuple(config["servers"]), job_secret="job-secret-0123456789",
     )
     torch.manual_seed(0)
     model = JobModel()

@@ -361,12 +361,21 @@ class CollectiveOptimizer:
 
     def _start_equal(self) -> None:
         """Every replicated parameter takes rank 0's value: ranks that
-        initialised their models differently still train one model."""
+        initialised their models differently still train one model. So do the
+        rest of the models holding them, as Paddle's startup program
+        broadcasts every parameter: frozen layers (an optimizer given only the
+        trainable parameters) and buffers (a BatchNorm's statistics), which
+        would otherwise make each rank's replica another function."""
         params = [p for p in self._replicated() if _ddp_of(p) is None]  # DDP broadcast its own
+        tensors = {id(p): p for p in params}
+        for model in tables.models_holding(params) if params else ():
+            for tensor in (*model.parameters(), *model.buffers()):
+                if not is_distributed(tensor) and _ddp_of(tensor) is None:
+                    tensors.setdefault(id(tensor), tensor)
         with torch.no_grad():
             _collective_in_buckets(
-                params, lambda flat: dist.broadcast(flat, src=0, async_op=True),
-                "broadcast of the replicated parameters from rank 0",
+                list(tensors.values()), lambda flat: dist.broadcast(flat, src=0, async_op=True),
+                "broadcast of the replicated parameters and buffers from rank 0",
             )
 
     def average_gradients(self) -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..job import bind, hosts
-from ..job.errors import WorkerFailedError
+from ..job.errors import TrainerError, WorkerFailedError
 from ..job.keys import require_key_or_insecure
 
 __all__ = [
@@ -202,13 +202,31 @@ def all_reduce_tensor(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return result
 
 
-def all_gather_bytes(data: bytes) -> list[bytes]:
-    """Every rank's ``data``, in rank order (plain bytes: nothing is unpickled)."""
+MAX_GATHERED_BYTES = 64 << 20
+
+
+def all_gather_bytes(data: bytes, limit: int = MAX_GATHERED_BYTES) -> list[bytes]:
+    """Every rank's ``data``, in rank order (plain bytes: nothing is unpickled).
+
+    Raises:
+        ValueError: this rank's ``data`` is longer than ``limit`` bytes.
+        TrainerError: another rank announced a size outside [0, ``limit``]
+            (checked before anything is allocated for it: each rank holds
+            every rank's bytes).
+    """
+    if len(data) > limit:
+        raise ValueError(f"rank {rank()}: at most {limit} bytes are gathered, got {len(data)}")
     if not dist.is_initialized():
         return [data]
     size = torch.tensor([len(data)], dtype=torch.int64)
     sizes = [torch.zeros_like(size) for _ in range(world_size())]
     wait_for(dist.all_gather(sizes, size, async_op=True), "all_gather of sizes")
+    for peer, announced in enumerate(int(s.item()) for s in sizes):
+        if not 0 <= announced <= limit:
+            raise TrainerError(
+                f"rank {rank()}: rank {peer} announced {announced} bytes to gather; expected "
+                f"0 to {limit}"
+            )
     longest = max(int(s.item()) for s in sizes)
     mine = torch.zeros(longest, dtype=torch.uint8)
     mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]

@@ -165,12 +165,17 @@ def insecure_allowed(env: Mapping[str, str] | None = None) -> bool:
 def require_key_or_insecure(key: str | None, endpoints: Iterable[str], what: str) -> None:
     """Refuses a job that has no key, unless its network is declared trusted.
 
-    Loopback is no exception: every user of the machine reaches it.
+    Loopback is no exception: every user of the machine reaches it. A key
+    given in code (``job_secret=``) is checked as one from the environment:
+    an empty or short one (``os.environ.get("KEY", "")``) would let anyone
+    derive the job's keys.
 
     Raises:
         TrainerError: ``key`` is None and ``FLEETFEED_INSECURE`` is not set.
+        RoleError: ``key`` is shorter than 16 bytes or guessable.
     """
     if key is not None:
+        _check_strength(key, f"{what}: the job key given")
         return
     endpoints = list(endpoints)
     if insecure_allowed():

@@ -61,6 +61,7 @@ import re
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -336,7 +337,14 @@ def _base_env() -> dict[str, str]:
 def _start(name: str, command: list[str], env: dict[str, str], log_path: str) -> _Child:
     attempt = env.get(restart.RESTART_COUNT_ENV, "0")
     # A restart appends: the log of the attempt that failed is what explains it.
-    log = open(log_path, "wb" if attempt == "0" else "ab")  # noqa: SIM115 - closed in _stop_all
+    # Never through a symbolic link (_private_log_dir checked the folder).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags |= os.O_TRUNC if attempt == "0" else os.O_APPEND
+    try:
+        log = os.fdopen(os.open(log_path, flags, 0o644), "wb")  # closed in _stop_all
+    except OSError as error:
+        raise SystemExit(f"fleetrun: cannot write {name}'s log {log_path}: {error.strerror} "
+                         "(a symbolic link there is not followed)") from None
     if attempt != "0":
         log.write(f"fleetrun: restart {attempt}: {name} starts again\n".encode())
         log.flush()
@@ -487,8 +495,27 @@ def _job_key(other_hosts: str | None) -> str:
     return secrets.token_hex(32)
 
 
+def _private_log_dir(path: str) -> None:
+    """Makes the log folder, and refuses one that another user owns or may
+    write into: there they could put a link where a log goes (and the job
+    would write its log over the file it names) or the restart record
+    (``restart.RECORD_FILE``) that names the checkpoint a restart loads."""
+    os.makedirs(path, exist_ok=True)
+    info = os.stat(path)
+    others_write = info.st_mode & stat.S_IWOTH or (
+        info.st_mode & stat.S_IWGRP and info.st_gid != os.getegid()
+    )
+    if info.st_uid != os.geteuid() or others_write:
+        raise SystemExit(
+            f"fleetrun: --log_dir {path} is owned by uid {info.st_uid} with mode "
+            f"{stat.S_IMODE(info.st_mode):04o}; expected a folder of this user (uid "
+            f"{os.geteuid()}) that no other user may write into (the restart record that "
+            "names the checkpoint to load is kept there)"
+        )
+
+
 def _run_ps(args: argparse.Namespace, servers: list[str], workers: list[str]) -> int:
-    os.makedirs(args.log_dir, exist_ok=True)
+    _private_log_dir(args.log_dir)
     command = [sys.executable, "-u", args.training_script, *args.training_script_args]
     common = _base_env()
     common.update(

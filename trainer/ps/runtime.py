@@ -221,6 +221,7 @@ class ParameterServerRuntime:
             listening = transport.ServerEndpoint(
                 endpoint, transport.CurveKeys.from_job_key(role.job_secret), handlers.HANDLERS,
                 threads=max(4, 2 * role.worker_num), name=f"parameter server {role.index}",
+                worker_ops=handlers.WORKER_OPS, worker_num=role.worker_num,
             )
             try:
                 log.info(

@@ -630,6 +630,11 @@ HANDLERS = {
               barrier, save, commit_save, load, table_size, set_pass, shrink, table_stats,
               add_clicks)
 }
+# The operations whose first argument is the calling worker's index: each
+# server ties an index to the connection that names it first.
+WORKER_OPS = frozenset(
+    f.__name__ for f in (pull_step, push, push_sync, geo_push, worker_done, barrier)
+)
 
 
-__all__ = ["HANDLERS", "ParameterServer", "install"]
+__all__ = ["HANDLERS", "WORKER_OPS", "ParameterServer", "install"]

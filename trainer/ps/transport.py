@@ -42,10 +42,11 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,17 +287,24 @@ class ServerEndpoint:
             (``wire.OPS``, the parameter server's, unless given).
         max_queued_replies: replies held for one connection whose peer does
             not read them, beyond which ZeroMQ drops them (its default: 1000).
+        worker_ops, worker_num: operations whose first argument is a worker
+            index in [0, ``worker_num``): the first connection to name an index
+            holds it, and another's message naming it is refused (``_claim``).
     """
 
     def __init__(
         self, endpoint: str, keys: CurveKeys | None, handlers: dict[str, Handler],
         threads: int, name: str, ops: dict[str, tuple[Any, ...]] | None = None,
-        max_queued_replies: int | None = None,
+        max_queued_replies: int | None = None, worker_ops: Collection[str] = (),
+        worker_num: int = 0,
     ) -> None:
         self.endpoint = endpoint
         self.name = name
         self._handlers = handlers
         self._ops = wire.OPS if ops is None else ops
+        self._worker_ops = frozenset(worker_ops)
+        self._worker_num = worker_num
+        self._claims: dict[int, bytes] = {}  # worker index -> its connection's routing id
         _raise_open_file_limit(name)
         self._context = zmq.Context()
         self._refusals = _RefusalLog()
@@ -306,6 +314,8 @@ class ServerEndpoint:
         )
         self._router = self._context.socket(zmq.ROUTER)
         self._router.linger = 2000  # the last replies (stop_worker's) still go out
+        # A worker that reconnects (same routing id) takes its place again.
+        self._router.router_handover = 1
         _bound_connections(self._router)
         if max_queued_replies is not None:
             self._router.sndhwm = max_queued_replies
@@ -375,10 +385,37 @@ class ServerEndpoint:
             err.request_id = header["id"]
             self._refuse(routing, message, err)
             return
+        if header["op"] in self._worker_ops:
+            refusal = self._claim(args[0], routing.bytes)
+            if refusal is not None:
+                self._message_refusals.warn("%s refused a message: %s", self.name, refusal)
+                self._reply(routing, header["id"], error=refusal)
+                return
         try:
             self._pool.submit(self._call, routing, header["id"], header["op"], args)
         except RuntimeError as err:  # the pool is shut down: this server is closing
             self._reply(routing, header["id"], error=err)
+
+    def _claim(self, worker: int, routing: bytes) -> ValueError | None:
+        """Ties worker index ``worker`` to the connection that names it first
+        (its routing id, which a worker draws at random and keeps across
+        reconnects): every worker holds the job's key, so without this one
+        could speak for another, stop the server with every index's
+        ``worker_done``, or release a barrier the others have not reached;
+        a second process given the same index is refused too. Called on the
+        I/O thread only. None: ``worker`` is that connection's."""
+        if not 0 <= worker < self._worker_num:
+            return ValueError(
+                f"{self.name}: expected a worker index in [0, {self._worker_num}), found {worker}"
+            )
+        owner = self._claims.setdefault(worker, routing)
+        if owner == routing:
+            return None
+        return ValueError(
+            f"{self.name}: worker {worker} is another connection's; two processes were "
+            "given the same worker index (each worker needs its own), or a peer named "
+            "another worker"
+        )
 
     def _refuse(
         self, routing: zmq.Frame, message: list[zmq.Frame], err: wire.ProtocolError
@@ -513,8 +550,13 @@ class ServerSet:
         # Read and written by the I/O thread only.
         self._handshaken = [False] * len(self.endpoints)
         self._refused = [False] * len(self.endpoints)  # a handshake this side refused
+        # One routing id for every server, kept across reconnects: a server ties
+        # this worker's index to it (ServerEndpoint._claim). Never starts with
+        # a zero byte (ZeroMQ's own ids do).
+        routing_id = b"w" + secrets.token_bytes(15)
         for endpoint in self.endpoints:
             dealer = self._context.socket(zmq.DEALER)
+            dealer.routing_id = routing_id
             dealer.linger = 0
             _bound_connections(dealer)
             if keys is not None:

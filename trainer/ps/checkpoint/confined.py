@@ -31,14 +31,14 @@ def checkpoint_root() -> str:
 
 
 def confined_directory(dirname: object, root: str, create: bool) -> str:
-    """``dirname`` (relative to ``root``, or absolute inside it) as an absolute
+    """``dirname`` (relative to ``root``, or absolute below it) as an absolute
     path, after checking every directory from ``root`` down to it: each is a
     real directory (not a symbolic link) owned by this user and writable by no
     one else. ``create`` makes the missing ones (mode 0755).
 
     Raises:
         CheckpointError: ``dirname`` is not a path string, lies outside
-            ``root``, passes through a symbolic link, a file or a directory
+            ``root`` or is ``root`` itself, passes through a symbolic link, a file or a directory
             another user could change, or (without ``create``) does not exist.
     """
     if not isinstance(dirname, str) or not dirname or "\0" in dirname:
@@ -53,7 +53,14 @@ def confined_directory(dirname: object, root: str, create: bool) -> str:
             "directory that holds it", path=full,
         )
     relative = os.path.relpath(full, root)
-    parts = [] if relative == "." else relative.split(os.sep)
+    if relative == ".":
+        # The root itself is not checked (the user chose it; /tmp may be it):
+        # files written there could follow a link another user planted.
+        raise CheckpointError(
+            f"checkpoint directory {dirname!r} is this server's checkpoint root {root!r} "
+            "itself: name a directory under it", path=full,
+        )
+    parts = relative.split(os.sep)
     fd = os.open(root, _DIRECTORY_FLAGS & ~os.O_NOFOLLOW)
     try:
         walked = root
