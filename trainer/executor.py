@@ -50,6 +50,7 @@ from datafeed.records.memory import release_free_memory
 
 from . import fleet
 from .fetch_handler import FetchHandler, FetchMonitor, is_periodic
+from .job.errors import TrainerError
 from .loop import hogwild_processes
 from .loop.dumps import FieldDumper
 from .loop.run_summary import RunSummary, input_stats, log_summary
@@ -298,6 +299,8 @@ class Executor:
         iterator = None
         dumper_open = False
         try:
+            if train:
+                _check_even_batches(dataset)
             iterator = iter(dataset) if not processes else None
             if dumps is not None:
                 run.dumper = FieldDumper(*dumps)
@@ -361,6 +364,25 @@ class Executor:
                 )
             count = 1
         return count
+
+
+def _check_even_batches(dataset: Any) -> None:
+    """Collective training of a dataset that knows its batch count (an
+    InMemoryDataset without ``equal_batches``): every rank must hold as many
+    (``check_even_batches``). A stream's count is known at its end only."""
+    try:
+        role = fleet.current().role
+    except TrainerError:
+        return  # no fleet.init(): one process
+    if not (role.is_collective and role.distributed) or getattr(dataset, "equal_batches", True):
+        return
+    try:
+        batches = len(dataset)
+    except TypeError:
+        return
+    from .collective.data_parallel import check_even_batches
+
+    check_even_batches(batches)
 
 
 # What the errors show, with the method's name put in.

@@ -58,6 +58,34 @@ if scenario == "huge_size":
     json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
     os._exit(0)
 
+if scenario == "uneven_dataset":
+    from datafeed import InMemoryDataset, Slot
+    from trainer.job.errors import TrainerError
+
+    path = os.path.join(out, f"part-{rank}.txt")
+    with open(path, "w") as f:  # 24 records on rank 0, 32 on rank 1: 3 and 4 batches
+        for i in range(24 + 8 * rank):
+            f.write(f"3 {i % 3} {i % 5} {i % 7}\n")
+    dataset = InMemoryDataset()
+    dataset.init(batch_size=8, thread_num=1, use_var=[Slot("x", "float32", (3,))])
+    dataset.set_filelist([path])
+    dataset.load_into_memory()
+    model = nn.Linear(3, 1)
+    optimizer = fleet.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=0.01))
+    def forward(batch):
+        return {"loss": model(batch["x"]).pow(2).mean()}
+    try:
+        Executor().train_from_dataset(forward, dataset, optimizer, thread=1, fetch_list=[])
+    except TrainerError as error:
+        result["error"] = str(error)
+    dataset.update_settings(equal_batches=True)
+    summary = Executor().train_from_dataset(forward, dataset, optimizer, thread=1, fetch_list=[])
+    result["batches"] = summary.batches
+    result["steps"] = optimizer.state_dict()["state"][0]["step"].item()
+    json.dump(result, open(os.path.join(out, f"rank{rank}.json"), "w"))
+    fleet.stop_worker()
+    sys.exit(0)
+
 # 1. model-parallel layers equal one full layer built with the same seed, once the
 # optimizer averaged the replicated gradients and scaled the shards' (the ranks'
 # backwards give the gradient of the sum of their equal losses).
@@ -187,3 +215,19 @@ def test_a_rank_announcing_a_huge_gather_is_refused_before_any_allocation(tmp_pa
     assert result["error"] == (
         f"rank 0: rank 1 announced {1 << 40} bytes to gather; expected 0 to {64 << 20}"
     )
+
+
+def test_an_uneven_dataset_is_refused_before_any_step_and_equal_batches_trains(tmp_path):
+    # A rank out of batches stopped stepping while the other went on: with Adam
+    # the two optimizers then differed for good (under DDP's join), or its
+    # collectives met the other rank's gradients (without DDP).
+    results = run_ranks(tmp_path, "uneven_dataset", [0, 1])
+    for rank, result in enumerate(results):
+        assert result["error"] == (
+            f"rank {rank}: the ranks hold different numbers of batches this pass (rank 0: "
+            "3, rank 1: 4); in collective training a rank out of batches stops stepping "
+            "while the others go on, and their models part. Set "
+            "dataset.update_settings(equal_batches=True): every rank then trains the "
+            "fewest batches any rank has (the records left out are logged)"
+        )
+        assert result["batches"] == 3 and result["steps"] == 3  # nothing stepped before

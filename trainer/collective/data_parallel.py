@@ -43,6 +43,7 @@ from .process_group import wait_for, world_size
 __all__ = [
     "BUCKET_BYTES",
     "CollectiveOptimizer",
+    "check_even_batches",
     "ddp_without_shards",
     "distributed_model",
     "is_distributed",
@@ -297,6 +298,33 @@ class _OverlappedAverage:
                 bucket.ready.clear()
                 bucket.flat, bucket.work, bucket.stale = None, None, False
         self.started = 0
+
+
+def check_even_batches(batches: int) -> None:
+    """Refuses a collective training pass whose ranks hold different numbers
+    of batches (one all-gather, before any step). A rank out of batches stops
+    stepping while the others go on: under DDP's join its optimizer misses
+    their steps (momentum or Adam then differ between the ranks for good),
+    and without DDP its next collective meets another rank's gradients.
+
+    Raises:
+        TrainerError: the counts differ, naming each rank's.
+    """
+    if not dist.is_initialized() or world_size() <= 1:
+        return
+    mine = torch.tensor([batches], dtype=torch.int64)
+    counts = [torch.zeros_like(mine) for _ in range(world_size())]
+    wait_for(dist.all_gather(counts, mine, async_op=True), "all_gather of the batch counts")
+    found = [int(c.item()) for c in counts]
+    if len(set(found)) > 1:
+        per_rank = ", ".join(f"rank {r}: {c}" for r, c in enumerate(found))
+        raise TrainerError(
+            f"rank {dist.get_rank()}: the ranks hold different numbers of batches this pass "
+            f"({per_rank}); in collective training a rank out of batches stops stepping "
+            "while the others go on, and their models part. Set "
+            "dataset.update_settings(equal_batches=True): every rank then trains the "
+            "fewest batches any rank has (the records left out are logged)"
+        )
 
 
 def _refuse_sparse_tables(params: list[torch.Tensor]) -> None:

@@ -133,8 +133,8 @@ def wait_for_done_file(
     """Waits until ``folder/done_file`` exists (a slice is complete); returns the
     seconds waited. A filesystem error while looking (a remote store that did
     not answer) counts as "not there yet": the job goes on waiting. Every
-    ``WAIT_NOTE_SECONDS`` it logs that it still waits (a warning, with the
-    error, when the last look failed).
+    ``WAIT_NOTE_SECONDS`` it warns that it still waits (with the error, when
+    the last look failed).
 
     Raises:
         DoneFileTimeout: it did not appear within ``timeout`` seconds (None: no limit).
@@ -154,9 +154,9 @@ def wait_for_done_file(
         waited = time.monotonic() - started
         if waited - noted >= WAIT_NOTE_SECONDS:
             noted = waited
-            # A look that failed is news (a store, a permission); a slice not there yet is not.
-            log.log(
-                logging.INFO if last_error is None else logging.WARNING,
+            # A warning: with Python's default logging an INFO line is never
+            # seen, and a job idle for ten minutes is news to whoever runs it.
+            log.warning(
                 "still waiting for %s after %.0f s%s", path, waited,
                 f"; the last look failed: {last_error}" if last_error is not None else "",
             )

@@ -427,7 +427,10 @@ class ParameterServerRuntime:
             return lifecycle.merge_shrinks([lifecycle.shrink(own_tables, "local")])
         servers = self._connected()
         self.training.flush()
-        return lifecycle.merge_shrinks(servers.call_all(handlers.shrink))
+        # A shrink, save or load of a large table takes longer than one call:
+        # bounded as the job's slowest member (the others wait at a barrier).
+        return lifecycle.merge_shrinks(
+            servers.call_all(handlers.shrink, timeout=transport.start_timeout()))
 
     def table_stats(self) -> dict[str, dict[str, int]]:
         """Rows, bytes, pending ids, ... per table, summed over the servers."""
@@ -484,7 +487,8 @@ class ParameterServerRuntime:
                 servers = self._connected()
                 self.training.flush()
                 server_num = len(servers)
-                replies = servers.call_all(handlers.save, [(staging, kind)] * server_num)
+                replies = servers.call_all(handlers.save, [(staging, kind)] * server_num,
+                                           timeout=transport.start_timeout())
             # Each server: [nothing changed since its last save or load, the
             # state that left its rows at, its commit token]; they agree unless
             # a save failed or a server was restarted.
@@ -629,7 +633,8 @@ class ParameterServerRuntime:
                 )
             checkpoint.check_follows(meta, states.pop(), dirname)
         try:
-            servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers))
+            servers.call_all(handlers.load, [(os.path.abspath(dirname),)] * len(servers),
+                             timeout=transport.start_timeout())
         except ServerCallError as error:
             # Every server reads and checks every file before it changes
             # anything: a refused checkpoint is refused by all, and none changed.
