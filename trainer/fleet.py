@@ -367,7 +367,7 @@ class Fleet:
             from .collective.data_parallel import CollectiveOptimizer
 
             is_wrapped = isinstance(optimizer, CollectiveOptimizer)
-            wrapped = optimizer if is_wrapped else CollectiveOptimizer(optimizer)
+            wrapped = optimizer if is_wrapped else CollectiveOptimizer(optimizer, model)
         else:
             wrapped = optimizer
         self.optimizer = wrapped
@@ -438,8 +438,9 @@ class Fleet:
     def load_persistables(
         self, dirname: str, model: Any = None, dataset: Any = None, **kwargs: Any
     ) -> None:
-        """Loads what ``save_persistables`` wrote (PS mode: through the runtime;
-        in a job of several workers every worker calls it and worker 0 loads, as in Paddle).
+        """Loads what ``save_persistables`` wrote (PS mode: through the runtime).
+
+        A PS job of several workers: every worker calls it, worker 0 loads (as in Paddle).
         With ``dataset``, also this worker's dataset position (see
         ``load_dataset_state``, which says what it raises); every worker must
         then make the call.
@@ -759,8 +760,6 @@ def current() -> Fleet:
     ``optimizer`` and ``model`` are what ``distributed_optimizer`` and
     ``distributed_model`` last returned."""
     return _FLEET
-
-
 
 
 def __getattr__(name: str) -> Any:

@@ -149,12 +149,6 @@ class DatasetBase(PaddleDatasetBase):
         self.update_settings(batch_size=batch_size)
 
     @property
-    def equal_batches(self) -> bool:
-        """Whether every rank of a job yields the same number of batches per
-        pass (the ``equal_batches`` setting)."""
-        return self._settings["equal_batches"]
-
-    @property
     def thread_num(self) -> int:
         """Files read at once (the ``thread_num`` setting). Assignable, as Paddle's
         plain attribute: ``dataset.thread_num = 0`` reads with one thread and makes

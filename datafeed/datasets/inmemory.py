@@ -719,6 +719,12 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         )
         return limit
 
+    @property
+    def equal_batches(self) -> bool:
+        """Whether every rank of a job yields the same number of batches per
+        pass (the ``equal_batches`` setting)."""
+        return self._settings["equal_batches"]
+
     def __len__(self) -> int:
         """Batches per pass (on this rank; ``equal_batches`` may yield fewer)."""
         rows = self._store.rows if self._store is not None else 0

@@ -103,6 +103,67 @@ elif scenario == "frozen":
     json.dump(state, open(os.path.join(out, f"rank{rank}.json"), "w"))
     fleet.stop_worker()
     sys.exit(0)
+elif scenario == "skipped_backward":
+    from trainer.job.errors import TrainerError
+
+    model = mlp()
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
+    errors = []
+    x, y = gen_data(rank, 0)
+    try:
+        if rank == 0:  # e.g. `if torch.isfinite(loss): loss.backward()` on one rank only
+            nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    except TrainerError as error:
+        errors.append(str(error))
+    json.dump({"errors": errors}, open(os.path.join(out, f"rank{rank}.json"), "w"))
+    fleet.stop_worker()
+    sys.exit(0)
+elif scenario == "uneven_backwards":
+    # A rank that skips a backward (a non-finite loss), gradients made by
+    # torch.autograd.grad, a backward that raised, two models in one
+    # optimizer found in another order of the garbage collector on each rank.
+    import gc
+    gc.disable()
+    first = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+    gc.collect() if rank == 0 else None
+    second = nn.Sequential(nn.Linear(8, 1), nn.BatchNorm1d(1))
+    gc.collect() if rank == 1 else None
+    first[1].running_mean.fill_(1.0 + rank)
+    second[1].running_mean.fill_(2.0 + rank)
+    optimizer = fleet.distributed_optimizer(
+        torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1))
+    model = nn.Sequential(first, second)
+    for step in range(steps):
+        x = torch.full((4, 4), float(rank + step)) + torch.arange(4.0).view(4, 1)
+        loss = model(x).pow(2).mean()
+        if step == 1:
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p.grad = g
+        elif step == 2:
+            class Fails(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, value):
+                    return value.clone()
+
+                @staticmethod
+                def backward(ctx, grad):
+                    raise RuntimeError("a backward that fails midway")
+
+            try:  # the second model's gradients are in, then it raises
+                second(Fails.apply(first(x))).pow(2).mean().backward()
+            except RuntimeError:
+                pass
+            optimizer.zero_grad()
+            loss.backward()
+        elif rank == 1 and step == 3:  # nothing to learn here: still a backward
+            (loss * 0).backward()
+        else:
+            loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+        optimizer.step()
+        optimizer.zero_grad()
 elif scenario == "clip":
     model = mlp()
     optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
@@ -169,6 +230,37 @@ def one_process_on_both_ranks_batches() -> dict[str, torch.Tensor]:
             p.grad = (g0 + g1) / 2
         optimizer.step()
     return {name: p.detach().reshape(-1) for name, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+def test_uneven_backwards_and_two_models_keep_the_ranks_equal(tmp_path):
+    """Each rank averages at the end of its backwards, or at the step when it
+    ran none: a rank that skips one, gradients from torch.autograd.grad and a
+    backward that raised do not leave the ranks' collectives paired off; two
+    models in one optimizer start from rank 0's in one order on every rank."""
+    rank0, rank1 = run_two_ranks(tmp_path, "uneven_backwards")
+    assert rank0.keys() == rank1.keys()
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+    assert not torch.equal(rank0["1.1.weight"], torch.ones(1))  # it trained
+
+
+def test_a_rank_that_skips_a_backward_is_refused_on_every_rank(tmp_path):
+    # Rank 0 averages at the end of its backward, rank 1 (no backward) at its
+    # step: their collectives still pair, but rank 1 clipped nothing and the
+    # ranks' models would part, so both raise.
+    script = tmp_path / "quick_start_collective.py"
+    script.write_text(RANK_SCRIPT)
+    for code, output in run_collective_ranks(script, [str(tmp_path), "skipped_backward", "1"]):
+        assert code == 0, output
+    errors = [json.loads((tmp_path / f"rank{rank}.json").read_text())["errors"]
+              for rank in (0, 1)]
+    assert errors[0] == ["rank 0: the ranks ran different backwards since the last step (this "
+                         "rank's is its backward 1): every rank must run the same backwards "
+                         "between two steps, as under DDP (a rank with nothing to learn from "
+                         "a batch calls (loss * 0).backward())"]
+    assert errors[1][0].startswith("rank 1: the ranks ran different backwards since the last "
+                                   "step (this rank's is its step, after no backward)")
 
 
 @pytest.mark.slow

@@ -181,13 +181,18 @@ class WithTable(nn.Module):
 def test_threads_train_exactly_one_threads_model(tmp_path):
     # Threads take batches in order but reached the step lock in any order:
     # the model drifted from one thread's by up to 0.0125 in 300 batches.
-    from trainer.embedding import stores
+    from trainer.embedding import pending, stores
+    from trainer.job.role import ClusterRole
+    from trainer.ps import ParameterServerRuntime
 
     files = write_files(tmp_path, files=2, per_file=600)
     trained = {}
     for threads in (1, 2, 3):
         model = WithTable("ordered")  # the same name: the same initial rows
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
+        # Through the distributed optimizer, whose step pushes the sparse rows
+        # (a plain torch optimizer left every pull pending, for the next test).
+        optimizer = ParameterServerRuntime(ClusterRole.local(), None).distributed_optimizer(
+            torch.optim.SGD(model.parameters(), lr=0.3), model=model)
         for _ in range(2):
             Executor().train_from_dataset(model, make(InMemoryDataset, files, batch_size=4),
                                           optimizer, thread=threads, print_period=10**6)
@@ -200,6 +205,8 @@ def test_threads_train_exactly_one_threads_model(tmp_path):
                                                       strict=True)), threads
         assert trained[1][1] == trained[threads][1]
         assert torch.equal(trained[1][2], trained[threads][2])
+    assert not torch.equal(trained[1][2], torch.zeros_like(trained[1][2]))
+    assert pending.pending_rows() == []
     stores.local_store().clear()
 
 

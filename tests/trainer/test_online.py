@@ -449,6 +449,8 @@ def test_a_complete_slice_of_other_files_is_refused_and_an_empty_one_warned(
     listed = tmp_path / "out" / "donefile.txt"
     assert not listed.exists() or "20261127\t2" not in listed.read_text()
     (tmp_path / "data" / "20261127" / "01" / "part_0.txt").unlink()
+    (tmp_path / "data" / "20261127" / "01" / "_SUCCESS").write_text("")  # a writer's marker
+    (tmp_path / "data" / "20261127" / "01" / ".part_0.crc").write_text("")
     with caplog.at_level("WARNING", logger="trainer.loop.online_loop"):
         calls = online_loop_calls(tmp_path)
     assert "20261127/01 is complete (to.hadoop.done) but holds no data file" in caplog.text

@@ -3,10 +3,11 @@
 In Paddle, ``fleet.distributed_optimizer(opt).minimize(loss)`` inserts the
 gradient all-reduce: a collective program that never wraps its model still
 trains one model. ``CollectiveOptimizer`` does the same on ``torch.distributed``:
-its ``step()`` averages, over the ranks, the gradient of every replicated
-parameter, and wrapping an optimizer makes every replicated parameter rank 0's
-(before the first forward: a gradient taken at another rank's start would be
-averaged into the first step).
+the gradient of every replicated parameter is averaged over the ranks by the
+end of each backward (or at ``step()``, for gradients no backward made), and
+wrapping an optimizer makes the models it trains rank 0's (before the first
+forward: a gradient taken at another rank's start would be averaged into the
+first step). As with DDP, every rank runs the same backwards between two steps.
 
 Replicated means: not marked ``is_distributed=True``. That is Paddle's attribute
 for a model-parallel shard (each rank holds a different slice of the weight), so
@@ -27,7 +28,8 @@ module's forward ran since the last step.
 
 from __future__ import annotations
 
-import threading
+import hashlib
+import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -50,6 +52,8 @@ __all__ = [
     "scale_shard_gradients",
     "shard_gradients_scaled",
 ]
+
+logger = logging.getLogger("trainer.collective")
 
 # One all-reduce per bucket of gradients of one dtype, as DDP's default 25 MiB:
 # few enough collectives, small enough that a bucket's copy stays cheap.
@@ -231,7 +235,11 @@ class _OverlappedAverage:
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.started = 0  # buckets[:started] are in flight
         self.pending = False  # gradients came in that finish() has not averaged
-        self._queued = threading.local()  # this thread's backward will call finish()
+        self.finished = False  # finish() ran since the last step
+        self.finishes = 0  # finish() calls since the last step
+        # The backward (autograd graph task) whose end will call finish(): a
+        # backward that raised never ends, and must not keep the next one's.
+        self._queued_task = -1
         for p in params:
             # The newest optimizer over a parameter owns it: the hooks of an
             # earlier one stay on the tensor but stand down (a collective that
@@ -242,8 +250,9 @@ class _OverlappedAverage:
 
     def gradient_in(self, parameter: torch.Tensor) -> None:
         self.pending = True
-        if not getattr(self._queued, "value", False):
-            self._queued.value = True
+        task = torch._C._current_graph_task_id()
+        if task != self._queued_task:
+            self._queued_task = task
             # Runs when this backward is over (DDP's own way to finish its buckets).
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         bucket = self.bucket_of[id(parameter)]
@@ -259,22 +268,39 @@ class _OverlappedAverage:
             self.started += 1
 
     def _backward_done(self) -> None:
-        self._queued.value = False
+        self._queued_task = -1
         self.finish(world_size())
 
-    def finish(self, world: int) -> None:
-        self.pending = False
+    def finish(self, world: int, at_step: bool = False) -> None:
+        """Averages the gradients (every rank must call it in step: at the end
+        of the same backwards, or at a step after none; ``at_step``)."""
+        self.pending, self.finished = False, True
+        # Which call this is since the step, and where: the same on every rank,
+        # else their collectives pair off (a rank that skipped a backward).
+        place = 2 * self.finishes + int(at_step)
+        self.finishes += 1
         for bucket in self.buckets[self.started:]:
             bucket.launch()
         self.started = len(self.buckets)
-        # One small all-reduce: how many ranks hold each gradient, and whether
-        # any rank's bucket went stale. It follows the buckets on every rank.
+        # One small all-reduce: how many ranks hold each gradient, whether any
+        # rank's bucket went stale, and the places. It follows the buckets on
+        # every rank.
         facts = torch.tensor(
             [float(p.grad is not None) for p in self.params]
-            + [float(b.stale) for b in self.buckets]
+            + [float(b.stale) for b in self.buckets] + [place, place * place],
+            dtype=torch.float64,
         )
         wait_for(dist.all_reduce(facts, async_op=True), "all-reduce of the gradients' presence")
-        holders, stale = facts[: len(self.params)], facts[len(self.params):]
+        total, squares = facts[-2].item(), facts[-1].item()
+        if squares * world != total * total:  # equal only when every place is
+            raise TrainerError(
+                f"rank {dist.get_rank()}: the ranks ran different backwards since the last "
+                "step (this rank's is its "
+                f"{'step, after no backward' if at_step else f'backward {self.finishes}'}): "
+                "every rank must run the same backwards between two steps, as under DDP "
+                "(a rank with nothing to learn from a batch calls (loss * 0).backward())"
+            )
+        holders, stale = facts[: len(self.params)], facts[len(self.params):-2]
         index = 0
         with torch.no_grad():
             for bucket, went_stale in zip(self.buckets, stale.tolist(), strict=True):
@@ -327,48 +353,81 @@ def check_even_batches(batches: int) -> None:
         )
 
 
-def _refuse_sparse_tables(params: list[torch.Tensor]) -> None:
-    """Refuses an optimizer over a model that holds SparseEmbedding tables:
-    their rows live in a parameter-server job's tables (or local mode's), and
-    nothing in a collective job pushes their gradients, so they would never
-    train, without a word. Paddle's sparse embedding is parameter-server only too.
+def _check_same_tensors(tensors: list[torch.Tensor]) -> None:
+    """Refuses to broadcast into tensors that differ from rank 0's (their
+    count, shapes or dtypes: a module alive on one rank only): the bytes
+    would land in the wrong tensors. One all-gather of a digest."""
+    digest = hashlib.sha256(
+        repr([(tuple(t.shape), str(t.dtype)) for t in tensors]).encode()
+    ).digest()[:8]
+    mine = torch.tensor([len(tensors), int.from_bytes(digest, "little", signed=True)])
+    everyone = [torch.zeros_like(mine) for _ in range(world_size())]
+    wait_for(dist.all_gather(everyone, mine, async_op=True),
+             "all_gather of the parameters' shapes")
+    if any(not torch.equal(other, everyone[0]) for other in everyone):
+        counts = ", ".join(f"rank {r}: {int(t[0])}" for r, t in enumerate(everyone))
+        raise TrainerError(
+            f"rank {dist.get_rank()}: the ranks' models differ in their parameters and "
+            f"buffers (counts {counts}, or their shapes and dtypes): every rank must build "
+            "the same model before fleet.distributed_optimizer"
+        )
+
+
+def _refuse_sparse_tables(params: list[torch.Tensor], model: nn.Module | None) -> None:
+    """Refuses an optimizer over a model (``model``, else those holding
+    ``params``) that holds SparseEmbedding tables: their rows live in a
+    parameter-server job's tables (or local mode's), and nothing in a
+    collective job pushes their gradients, so they would never train, without
+    a word. Paddle's sparse embedding is parameter-server only too. Another
+    live table (an embedding kept beside the dense network) is warned of.
 
     Raises:
-        TrainerError: a model of ``params`` holds SparseEmbedding modules.
+        TrainerError: the model holds SparseEmbedding modules.
     """
-    if not tables.table_configs():  # no SparseEmbedding alive: no search of the models
+    live = tables.table_configs()
+    if not live:  # no SparseEmbedding alive: no search of the models
         return
-    names = sorted({name for model in tables.models_holding(params)
-                    for name in tables.model_tables(model)})
-    if names:
-        raise TrainerError(
-            f"fleet.distributed_optimizer in a collective job: the model holds "
-            f"SparseEmbedding tables {names}, which only a parameter-server job (or a "
-            "local one) trains; here their rows would never change. Start the job with "
-            "parameter servers (fleetrun --server_num=N --worker_num=M), or use "
-            "torch.nn.Embedding / EmbeddingBag in a collective job"
+    models = [model] if model is not None else tables.models_holding(params)
+    names = sorted({name for held in models for name in tables.model_tables(held)})
+    if not names:
+        logger.warning(
+            "SparseEmbedding tables %s are alive in a collective job: nothing here trains "
+            "their rows (a parameter-server job does)", sorted(live),
         )
+        return
+    raise TrainerError(
+        f"fleet.distributed_optimizer in a collective job: the model holds "
+        f"SparseEmbedding tables {names}, which only a parameter-server job (or a "
+        "local one) trains; here their rows would never change. Start the job with "
+        "parameter servers (fleetrun --server_num=N --worker_num=M), or use "
+        "torch.nn.Embedding / EmbeddingBag in a collective job"
+    )
 
 
 class CollectiveOptimizer:
     """A torch optimizer whose ``step()`` first averages the gradients of the
     replicated parameters over every rank, as Paddle's collective
-    ``distributed_optimizer`` does. Made, it gives every replicated parameter
+    ``distributed_optimizer`` does (``model``: the model it trains, else the
+    modules holding its parameters). Made, it gives every replicated parameter
     rank 0's value: the ranks start from one state.
 
     The gradients of parameters outside a ``distributed_model`` are all-reduced
-    in buckets while the backward runs (``_OverlappedAverage``); those of a
+    in buckets while the backward runs, their means in ``.grad`` when it ends
+    (``_OverlappedAverage``): every rank must run the same backwards between
+    two steps, as under DDP; a step after none (gradients set by hand, or by
+    ``torch.autograd.grad``) averages them then. Those of a
     ``distributed_model`` whose forward did not run through DDP are averaged at
     the step. Everything else (``param_groups``, ``state_dict()``,
     ``zero_grad()``, lr schedulers) is the wrapped optimizer's.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, model: Any = None) -> None:
         self.optimizer = optimizer
+        self.model = model if isinstance(model, nn.Module) else None
         # Each DDP module's forward count at the last step (by id(module)).
         self._forwards_at_last_step: dict[int, int] = {}
         self._overlapped: _OverlappedAverage | None = None
-        _refuse_sparse_tables(list(self._parameters()))
+        _refuse_sparse_tables(list(self._parameters()), self.model)
         if dist.is_initialized() and world_size() > 1:
             scale_shard_gradients(self._parameters())
             self._start_equal()
@@ -396,15 +455,36 @@ class CollectiveOptimizer:
         would otherwise make each rank's replica another function."""
         params = [p for p in self._replicated() if _ddp_of(p) is None]  # DDP broadcast its own
         tensors = {id(p): p for p in params}
-        for model in tables.models_holding(params) if params else ():
-            for tensor in (*model.parameters(), *model.buffers()):
+        for model in self._models_in_order(params):
+            for _, tensor in (*model.named_parameters(), *model.named_buffers()):
                 if not is_distributed(tensor) and _ddp_of(tensor) is None:
                     tensors.setdefault(id(tensor), tensor)
+        ordered = list(tensors.values())
+        _check_same_tensors(ordered)
+        # As bytes where it can: a broadcast copies bits, and gloo has no
+        # int16, uint32 or float8 of its own.
+        views = [t.detach().view(torch.uint8) if t.is_contiguous() and t.dim() else t
+                 for t in ordered]
         with torch.no_grad():
             _collective_in_buckets(
-                list(tensors.values()), lambda flat: dist.broadcast(flat, src=0, async_op=True),
+                views, lambda flat: dist.broadcast(flat, src=0, async_op=True),
                 "broadcast of the replicated parameters and buffers from rank 0",
             )
+
+    def _models_in_order(self, params: list[torch.Tensor]) -> list[nn.Module]:
+        """The models the optimizer trains (``model``, else those holding
+        ``params``, found among the garbage collector's objects), in the order
+        of their first parameter in the optimizer: the same on every rank."""
+        if not params:
+            return []
+        models = [self.model] if self.model is not None else tables.models_holding(params)
+        position = {id(p): i for i, p in enumerate(params)}
+
+        def first(model: nn.Module) -> int:
+            return min((position[id(p)] for p in model.parameters() if id(p) in position),
+                       default=len(params))
+
+        return sorted(models, key=first)
 
     def average_gradients(self) -> None:
         """Replaces each replicated parameter's gradient by its mean over the
@@ -412,8 +492,11 @@ class CollectiveOptimizer:
         gradient for keeps none)."""
         world = world_size()
         if self._overlapped is not None:
-            if self._overlapped.pending:  # else averaged at the end of the backward
-                self._overlapped.finish(world)
+            # Once per step on every rank at least: averaged at the end of each
+            # backward, or here when no backward made the gradients.
+            if self._overlapped.pending or not self._overlapped.finished:
+                self._overlapped.finish(world, at_step=not self._overlapped.finished)
+            self._overlapped.finished, self._overlapped.finishes = False, 0
             # Paddle's programs wrap the optimizer first, the model after: from
             # the next step DDP alone averages what it synchronises.
             if any(_ddp_of(p) is not None for p in self._overlapped.params):

@@ -209,14 +209,14 @@ def all_gather_bytes(data: bytes, limit: int = MAX_GATHERED_BYTES) -> list[bytes
     """Every rank's ``data``, in rank order (plain bytes: nothing is unpickled).
 
     Raises:
-        ValueError: this rank's ``data`` is longer than ``limit`` bytes.
-        TrainerError: another rank announced a size outside [0, ``limit``]
-            (checked before anything is allocated for it: each rank holds
-            every rank's bytes).
+        TrainerError: a rank's ``data`` (this one's too) is longer than
+            ``limit`` bytes: refused by every rank after the sizes are gathered,
+            before anything is allocated for them (each rank holds every rank's
+            bytes).
     """
-    if len(data) > limit:
-        raise ValueError(f"rank {rank()}: at most {limit} bytes are gathered, got {len(data)}")
     if not dist.is_initialized():
+        if len(data) > limit:
+            raise TrainerError(f"at most {limit} bytes are gathered, got {len(data)}")
         return [data]
     size = torch.tensor([len(data)], dtype=torch.int64)
     sizes = [torch.zeros_like(size) for _ in range(world_size())]

@@ -353,7 +353,11 @@ class OnlineLoop:
         as done), a warning when it holds none."""
         from datafeed.source import fs
 
-        others = [f for f in fs.list_files(folder) if f.rsplit("/", 1)[-1] != self.done_file]
+        # Hidden names (_SUCCESS, .crc) are a writer's markers, not data, as
+        # Hadoop's input formats take them.
+        others = [f for f in fs.list_files(folder)
+                  if f.rsplit("/", 1)[-1] != self.done_file
+                  and not f.rsplit("/", 1)[-1].startswith(("_", "."))]
         if others:
             names = ", ".join(f.rsplit("/", 1)[-1] for f in others[:3])
             more = ", ..." if len(others) > 3 else ""

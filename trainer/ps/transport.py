@@ -413,7 +413,9 @@ class ServerEndpoint:
             return None
         return ValueError(
             f"{self.name}: worker {worker} is another connection's; two processes were "
-            "given the same worker index (each worker needs its own), or a peer named "
+            "given the same worker index (each worker needs its own), this worker "
+            "connected a second time (init_worker() again, or the process restarted "
+            "alone while the servers run: restart the whole job), or a peer named "
             "another worker"
         )
 
