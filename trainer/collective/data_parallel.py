@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from datafeed.reorder.collectives import host_group
+
 from ..embedding import tables
 from ..job.errors import TrainerError
 from .process_group import wait_for, world_size
@@ -46,6 +48,7 @@ __all__ = [
     "BUCKET_BYTES",
     "CollectiveOptimizer",
     "check_even_batches",
+    "group_for",
     "ddp_without_shards",
     "distributed_model",
     "is_distributed",
@@ -196,7 +199,7 @@ class _Bucket:
             (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
             for p in self.params
         ])
-        self.work = dist.all_reduce(self.flat, async_op=True)
+        self.work = dist.all_reduce(self.flat, async_op=True, group=group_for(self.flat))
 
 
 # On each parameter averaged while the backward runs: a weak reference to its
@@ -272,8 +275,9 @@ class _OverlappedAverage:
         self.finish(world_size())
 
     def finish(self, world: int, at_step: bool = False) -> None:
-        """Averages the gradients (every rank must call it in step: at the end
-        of the same backwards, or at a step after none; ``at_step``)."""
+        """Averages the gradients. Every rank calls it in step: at the end of
+        each backward, and (``at_step``) at a step after none, or after one
+        whose end never came (it raised)."""
         self.pending, self.finished = False, True
         # Which call this is since the step, and where: the same on every rank,
         # else their collectives pair off (a rank that skipped a backward).
@@ -290,13 +294,15 @@ class _OverlappedAverage:
             + [float(b.stale) for b in self.buckets] + [place, place * place],
             dtype=torch.float64,
         )
-        wait_for(dist.all_reduce(facts, async_op=True), "all-reduce of the gradients' presence")
+        wait_for(dist.all_reduce(facts, async_op=True, group=group_for(facts)),
+                 "all-reduce of the gradients' presence")
         total, squares = facts[-2].item(), facts[-1].item()
         if squares * world != total * total:  # equal only when every place is
+            which = "step" if at_step else f"backward {self.finishes}"
+            self._abandon()  # the buckets paired off: their sums are no one's
             raise TrainerError(
                 f"rank {dist.get_rank()}: the ranks ran different backwards since the last "
-                "step (this rank's is its "
-                f"{'step, after no backward' if at_step else f'backward {self.finishes}'}): "
+                f"step (this rank's is its {which}): "
                 "every rank must run the same backwards between two steps, as under DDP "
                 "(a rank with nothing to learn from a batch calls (loss * 0).backward())"
             )
@@ -325,6 +331,27 @@ class _OverlappedAverage:
                 bucket.flat, bucket.work, bucket.stale = None, None, False
         self.started = 0
 
+    def _abandon(self) -> None:
+        """Waits for the buckets in flight (every rank launched as many) and
+        forgets them: a caught error must not leave their sums for the next
+        step to copy into ``.grad``."""
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                wait_for(bucket.work, "all-reduce of the gradients")
+            bucket.ready.clear()
+            bucket.flat, bucket.work, bucket.stale = None, None, False
+        # Every rank is here together: they count again from this point.
+        self.started, self.finishes, self.finished, self.pending = 0, 0, False, False
+
+
+def group_for(tensor: torch.Tensor) -> Any:
+    """The group that carries ``tensor``: the default one, or in an NCCL job
+    (which carries GPU tensors only) a gloo group of every rank for a CPU
+    tensor (``host_group``; made by the first such call, on every rank)."""
+    if tensor.is_cuda or dist.get_backend() != "nccl":
+        return None
+    return host_group(dist, None)
+
 
 def check_even_batches(batches: int) -> None:
     """Refuses a collective training pass whose ranks hold different numbers
@@ -340,7 +367,8 @@ def check_even_batches(batches: int) -> None:
         return
     mine = torch.tensor([batches], dtype=torch.int64)
     counts = [torch.zeros_like(mine) for _ in range(world_size())]
-    wait_for(dist.all_gather(counts, mine, async_op=True), "all_gather of the batch counts")
+    wait_for(dist.all_gather(counts, mine, async_op=True, group=group_for(mine)),
+             "all_gather of the batch counts")
     found = [int(c.item()) for c in counts]
     if len(set(found)) > 1:
         per_rank = ", ".join(f"rank {r}: {c}" for r, c in enumerate(found))
@@ -362,7 +390,7 @@ def _check_same_tensors(tensors: list[torch.Tensor]) -> None:
     ).digest()[:8]
     mine = torch.tensor([len(tensors), int.from_bytes(digest, "little", signed=True)])
     everyone = [torch.zeros_like(mine) for _ in range(world_size())]
-    wait_for(dist.all_gather(everyone, mine, async_op=True),
+    wait_for(dist.all_gather(everyone, mine, async_op=True, group=group_for(mine)),
              "all_gather of the parameters' shapes")
     if any(not torch.equal(other, everyone[0]) for other in everyone):
         counts = ", ".join(f"rank {r}: {int(t[0])}" for r, t in enumerate(everyone))
@@ -463,28 +491,30 @@ class CollectiveOptimizer:
         _check_same_tensors(ordered)
         # As bytes where it can: a broadcast copies bits, and gloo has no
         # int16, uint32 or float8 of its own.
-        views = [t.detach().view(torch.uint8) if t.is_contiguous() and t.dim() else t
+        views = [t.detach().reshape(-1).view(torch.uint8) if t.is_contiguous() else t
                  for t in ordered]
         with torch.no_grad():
             _collective_in_buckets(
-                views, lambda flat: dist.broadcast(flat, src=0, async_op=True),
+                views,
+                lambda flat: dist.broadcast(flat, src=0, async_op=True, group=group_for(flat)),
                 "broadcast of the replicated parameters and buffers from rank 0",
             )
 
     def _models_in_order(self, params: list[torch.Tensor]) -> list[nn.Module]:
-        """The models the optimizer trains (``model``, else those holding
-        ``params``, found among the garbage collector's objects), in the order
-        of their first parameter in the optimizer: the same on every rank."""
+        """The models the optimizer trains (those holding ``params``, found
+        among the garbage collector's objects, and ``model``), in the order of
+        their parameters in the optimizer: the same on every rank."""
         if not params:
             return []
-        models = [self.model] if self.model is not None else tables.models_holding(params)
+        found = {id(m): m for m in tables.models_holding(params)}
+        if self.model is not None:
+            found.setdefault(id(self.model), self.model)
         position = {id(p): i for i, p in enumerate(params)}
 
-        def first(model: nn.Module) -> int:
-            return min((position[id(p)] for p in model.parameters() if id(p) in position),
-                       default=len(params))
+        def place(model: nn.Module) -> list[int]:  # ties (a shared part) broken by the rest
+            return sorted(position[id(p)] for p in model.parameters() if id(p) in position)
 
-        return sorted(models, key=first)
+        return sorted(found.values(), key=place)
 
     def average_gradients(self) -> None:
         """Replaces each replicated parameter's gradient by its mean over the
@@ -495,7 +525,7 @@ class CollectiveOptimizer:
             # Once per step on every rank at least: averaged at the end of each
             # backward, or here when no backward made the gradients.
             if self._overlapped.pending or not self._overlapped.finished:
-                self._overlapped.finish(world, at_step=not self._overlapped.finished)
+                self._overlapped.finish(world, at_step=True)
             self._overlapped.finished, self._overlapped.finishes = False, 0
             # Paddle's programs wrap the optimizer first, the model after: from
             # the next step DDP alone averages what it synchronises.
@@ -516,7 +546,8 @@ class CollectiveOptimizer:
             grads.append(p.grad)
         with torch.no_grad():
             _collective_in_buckets(
-                grads, lambda flat: dist.all_reduce(flat, async_op=True),
+                grads,
+                lambda flat: dist.all_reduce(flat, async_op=True, group=group_for(flat)),
                 "all-reduce of the gradients",
             )
             for grad in grads:
