@@ -219,13 +219,16 @@ def run_two_ranks(tmp_path: Path, scenario: str) -> list[dict[str, torch.Tensor]
     ]
 
 
-def one_process_on_both_ranks_batches() -> dict[str, torch.Tensor]:
+def one_process_on_both_ranks_batches(
+    momentum: float = 0.9, clip: float | None = None
+) -> dict[str, torch.Tensor]:
     """The MLP from rank 0's start, each step on the average of the two ranks'
-    gradients: what a data-parallel job of two ranks must compute."""
+    gradients (``clip``: that average clipped to this norm): what a
+    data-parallel job of two ranks must compute."""
     torch.manual_seed(100)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
                           nn.Linear(64, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
     for step in range(STEPS):
         grads = []
         for rank in (0, 1):
@@ -236,6 +239,8 @@ def one_process_on_both_ranks_batches() -> dict[str, torch.Tensor]:
             grads.append([p.grad.clone() for p in model.parameters()])
         for p, g0, g1 in zip(model.parameters(), *grads, strict=True):
             p.grad = (g0 + g1) / 2
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
     return {name: p.detach().reshape(-1) for name, p in model.named_parameters()}
 
@@ -288,28 +293,6 @@ def test_frozen_layers_and_buffers_start_from_rank_0s_too(tmp_path):
     assert torch.equal(rank1["0.weight"], nn.Linear(32, 64).weight.detach().reshape(-1))
 
 
-def clipped_reference() -> dict[str, torch.Tensor]:
-    """The ``clip`` scenario in one process: each step's mean gradient over
-    the two ranks, clipped to a norm of 0.01, then plain SGD."""
-    torch.manual_seed(100)
-    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
-                          nn.Linear(64, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(STEPS):
-        grads = []
-        for rank in (0, 1):
-            g = torch.Generator().manual_seed(1000 * step + rank)
-            x, y = torch.rand(128, 32, generator=g), torch.randint(0, 2, (128,), generator=g)
-            model.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for p, g0, g1 in zip(model.parameters(), *grads, strict=True):
-            p.grad = (g0 + g1) / 2
-        nn.utils.clip_grad_norm_(model.parameters(), 0.01)
-        optimizer.step()
-    return {name: p.detach().reshape(-1) for name, p in model.named_parameters()}
-
-
 @pytest.mark.slow
 def test_clipping_between_backward_and_step_clips_the_averaged_gradients(tmp_path):
     """The means are in ``.grad`` when the backward returns: a clip (or a
@@ -318,7 +301,7 @@ def test_clipping_between_backward_and_step_clips_the_averaged_gradients(tmp_pat
     replaced the clipped gradients: the model moved thousands of times the
     clip's bound."""
     rank0, rank1 = run_two_ranks(tmp_path, "clip")
-    expected = clipped_reference()
+    expected = one_process_on_both_ranks_batches(momentum=0.0, clip=0.01)
     for name in expected:
         assert torch.equal(rank0[name], rank1[name]), name
         assert torch.allclose(rank0[name], expected[name], atol=1e-6, rtol=0), name
