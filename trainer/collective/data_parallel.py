@@ -238,7 +238,6 @@ class _OverlappedAverage:
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.started = 0  # buckets[:started] are in flight
         self.pending = False  # gradients came in that finish() has not averaged
-        self.finished = False  # finish() ran since the last step
         self.finishes = 0  # finish() calls since the last step
         # The backward (autograd graph task) whose end will call finish(): a
         # backward that raised never ends, and must not keep the next one's.
@@ -278,7 +277,7 @@ class _OverlappedAverage:
         """Averages the gradients. Every rank calls it in step: at the end of
         each backward, and (``at_step``) at a step after none, or after one
         whose end never came (it raised)."""
-        self.pending, self.finished = False, True
+        self.pending = False
         # Which call this is since the step, and where: the same on every rank,
         # else their collectives pair off (a rank that skipped a backward).
         place = 2 * self.finishes + int(at_step)
@@ -341,7 +340,7 @@ class _OverlappedAverage:
             bucket.ready.clear()
             bucket.flat, bucket.work, bucket.stale = None, None, False
         # Every rank is here together: they count again from this point.
-        self.started, self.finishes, self.finished, self.pending = 0, 0, False, False
+        self.started, self.finishes, self.pending = 0, 0, False
 
 
 def group_for(tensor: torch.Tensor) -> Any:
@@ -351,6 +350,13 @@ def group_for(tensor: torch.Tensor) -> Any:
     if tensor.is_cuda or dist.get_backend() != "nccl":
         return None
     return host_group(dist, None)
+
+
+def _gathered(mine: torch.Tensor, what: str) -> list[torch.Tensor]:
+    """Every rank's ``mine`` (a small tensor of one shape on every rank), in rank order."""
+    everyone = [torch.zeros_like(mine) for _ in range(world_size())]
+    wait_for(dist.all_gather(everyone, mine, async_op=True, group=group_for(mine)), what)
+    return everyone
 
 
 def check_even_batches(batches: int) -> None:
@@ -365,10 +371,7 @@ def check_even_batches(batches: int) -> None:
     """
     if not dist.is_initialized() or world_size() <= 1:
         return
-    mine = torch.tensor([batches], dtype=torch.int64)
-    counts = [torch.zeros_like(mine) for _ in range(world_size())]
-    wait_for(dist.all_gather(counts, mine, async_op=True, group=group_for(mine)),
-             "all_gather of the batch counts")
+    counts = _gathered(torch.tensor([batches]), "all_gather of the batch counts")
     found = [int(c.item()) for c in counts]
     if len(set(found)) > 1:
         per_rank = ", ".join(f"rank {r}: {c}" for r, c in enumerate(found))
@@ -388,10 +391,10 @@ def _check_same_tensors(tensors: list[torch.Tensor]) -> None:
     digest = hashlib.sha256(
         repr([(tuple(t.shape), str(t.dtype)) for t in tensors]).encode()
     ).digest()[:8]
-    mine = torch.tensor([len(tensors), int.from_bytes(digest, "little", signed=True)])
-    everyone = [torch.zeros_like(mine) for _ in range(world_size())]
-    wait_for(dist.all_gather(everyone, mine, async_op=True, group=group_for(mine)),
-             "all_gather of the parameters' shapes")
+    everyone = _gathered(
+        torch.tensor([len(tensors), int.from_bytes(digest, "little", signed=True)]),
+        "all_gather of the parameters' shapes",
+    )
     if any(not torch.equal(other, everyone[0]) for other in everyone):
         counts = ", ".join(f"rank {r}: {int(t[0])}" for r, t in enumerate(everyone))
         raise TrainerError(
@@ -401,21 +404,35 @@ def _check_same_tensors(tensors: list[torch.Tensor]) -> None:
         )
 
 
-def _refuse_sparse_tables(params: list[torch.Tensor], model: nn.Module | None) -> None:
-    """Refuses an optimizer over a model (``model``, else those holding
-    ``params``) that holds SparseEmbedding tables: their rows live in a
-    parameter-server job's tables (or local mode's), and nothing in a
-    collective job pushes their gradients, so they would never train, without
-    a word. Paddle's sparse embedding is parameter-server only too. Another
-    live table (an embedding kept beside the dense network) is warned of.
+def _models_in_order(params: list[torch.Tensor], model: nn.Module | None) -> list[nn.Module]:
+    """The models an optimizer over ``params`` trains (those holding them,
+    found among the garbage collector's objects, and ``model``), in the order
+    of their parameters in the optimizer: the same on every rank."""
+    found = {id(m): m for m in tables.models_holding(params)} if params else {}
+    if model is not None:
+        found.setdefault(id(model), model)
+    position = {id(p): i for i, p in enumerate(params)}
+
+    def place(held: nn.Module) -> list[int]:  # ties (a shared part) broken by the rest
+        return sorted(position[id(p)] for p in held.parameters() if id(p) in position)
+
+    return sorted(found.values(), key=place)
+
+
+def _refuse_sparse_tables(models: list[nn.Module]) -> None:
+    """Refuses an optimizer over ``models`` when they hold SparseEmbedding
+    tables: their rows live in a parameter-server job's tables (or local
+    mode's), and nothing in a collective job pushes their gradients, so they
+    would never train, without a word. Paddle's sparse embedding is
+    parameter-server only too. Another live table (an embedding kept beside
+    the dense network) is warned of.
 
     Raises:
-        TrainerError: the model holds SparseEmbedding modules.
+        TrainerError: the models hold SparseEmbedding modules.
     """
     live = tables.table_configs()
-    if not live:  # no SparseEmbedding alive: no search of the models
+    if not live:
         return
-    models = [model] if model is not None else tables.models_holding(params)
     names = sorted({name for held in models for name in tables.model_tables(held)})
     if not names:
         logger.warning(
@@ -435,7 +452,7 @@ def _refuse_sparse_tables(params: list[torch.Tensor], model: nn.Module | None) -
 class CollectiveOptimizer:
     """A torch optimizer whose ``step()`` first averages the gradients of the
     replicated parameters over every rank, as Paddle's collective
-    ``distributed_optimizer`` does (``model``: the model it trains, else the
+    ``distributed_optimizer`` does (``model``: the model it trains, beside the
     modules holding its parameters). Made, it gives every replicated parameter
     rank 0's value: the ranks start from one state.
 
@@ -451,14 +468,16 @@ class CollectiveOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: Any = None) -> None:
         self.optimizer = optimizer
-        self.model = model if isinstance(model, nn.Module) else None
         # Each DDP module's forward count at the last step (by id(module)).
         self._forwards_at_last_step: dict[int, int] = {}
         self._overlapped: _OverlappedAverage | None = None
-        _refuse_sparse_tables(list(self._parameters()), self.model)
+        models = _models_in_order(
+            list(self._parameters()), model if isinstance(model, nn.Module) else None
+        )
+        _refuse_sparse_tables(models)
         if dist.is_initialized() and world_size() > 1:
             scale_shard_gradients(self._parameters())
-            self._start_equal()
+            self._start_equal(models)
             self._average_outside_ddp()
 
     def _average_outside_ddp(self) -> None:
@@ -474,7 +493,7 @@ class CollectiveOptimizer:
     def _replicated(self) -> list[torch.Tensor]:
         return [p for p in self._parameters() if not is_distributed(p)]
 
-    def _start_equal(self) -> None:
+    def _start_equal(self, models: list[nn.Module]) -> None:
         """Every replicated parameter takes rank 0's value: ranks that
         initialised their models differently still train one model. So do the
         rest of the models holding them, as Paddle's startup program
@@ -483,7 +502,7 @@ class CollectiveOptimizer:
         would otherwise make each rank's replica another function."""
         params = [p for p in self._replicated() if _ddp_of(p) is None]  # DDP broadcast its own
         tensors = {id(p): p for p in params}
-        for model in self._models_in_order(params):
+        for model in models:
             for _, tensor in (*model.named_parameters(), *model.named_buffers()):
                 if not is_distributed(tensor) and _ddp_of(tensor) is None:
                     tensors.setdefault(id(tensor), tensor)
@@ -500,22 +519,6 @@ class CollectiveOptimizer:
                 "broadcast of the replicated parameters and buffers from rank 0",
             )
 
-    def _models_in_order(self, params: list[torch.Tensor]) -> list[nn.Module]:
-        """The models the optimizer trains (those holding ``params``, found
-        among the garbage collector's objects, and ``model``), in the order of
-        their parameters in the optimizer: the same on every rank."""
-        if not params:
-            return []
-        found = {id(m): m for m in tables.models_holding(params)}
-        if self.model is not None:
-            found.setdefault(id(self.model), self.model)
-        position = {id(p): i for i, p in enumerate(params)}
-
-        def place(model: nn.Module) -> list[int]:  # ties (a shared part) broken by the rest
-            return sorted(position[id(p)] for p in model.parameters() if id(p) in position)
-
-        return sorted(found.values(), key=place)
-
     def average_gradients(self) -> None:
         """Replaces each replicated parameter's gradient by its mean over the
         ranks (a rank without one contributes zeros; a parameter no rank has a
@@ -524,9 +527,9 @@ class CollectiveOptimizer:
         if self._overlapped is not None:
             # Once per step on every rank at least: averaged at the end of each
             # backward, or here when no backward made the gradients.
-            if self._overlapped.pending or not self._overlapped.finished:
+            if self._overlapped.pending or not self._overlapped.finishes:
                 self._overlapped.finish(world, at_step=True)
-            self._overlapped.finished, self._overlapped.finishes = False, 0
+            self._overlapped.finishes = 0
             # Paddle's programs wrap the optimizer first, the model after: from
             # the next step DDP alone averages what it synchronises.
             if any(_ddp_of(p) is not None for p in self._overlapped.params):

@@ -355,15 +355,14 @@ class OnlineLoop:
 
         # Hidden names (_SUCCESS, .crc) are a writer's markers, not data, as
         # Hadoop's input formats take them.
-        others = [f for f in fs.list_files(folder)
-                  if f.rsplit("/", 1)[-1] != self.done_file
-                  and not f.rsplit("/", 1)[-1].startswith(("_", "."))]
+        names = [f.rsplit("/", 1)[-1] for f in fs.list_files(folder)]
+        others = [n for n in names if n != self.done_file and not n.startswith(("_", "."))]
         if others:
-            names = ", ".join(f.rsplit("/", 1)[-1] for f in others[:3])
+            listed = ", ".join(others[:3])
             more = ", ..." if len(others) > 3 else ""
             raise TrainerError(
                 f"{folder}: no file matches file_pattern={self.file_pattern!r}, but the "
-                f"slice holds {len(others)} other file(s) ({names}{more}); "
+                f"slice holds {len(others)} other file(s) ({listed}{more}); "
                 "give OnlineLoop the file_pattern of the data files"
             )
         log.warning("%s is complete (%s) but holds no data file: this slice trains nothing",
