@@ -4,6 +4,7 @@ the wait for a slice's done file, and the done files listing each save."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -40,7 +41,8 @@ def test_hourly_folders_and_hours_that_do_not_start_at_midnight() -> None:
     assert online_pass_interval("1", "{8..9}", 30, 2, False) == [
         ["0800", "0830"], ["0900", "0930"],
     ]
-    # Splits that fill no last pass are left out, as in Paddle.
+    # Splits that fill no last pass are left out, as in Paddle (with a warning:
+    # test_slices_no_pass_reads_are_named).
     assert online_pass_interval("1", "{0..2}", 60, 2, True) == [["00", "01"]]
     # As Paddle: the hours' minutes // split_interval splits (3 h of 120 min: one).
     assert online_pass_interval("1", "{0..2}", 120, 1, True) == [["00"]]
@@ -466,3 +468,40 @@ def test_the_online_loop_refuses_an_output_uri(tmp_path: Path) -> None:
                        r"'file:///srv/out'"):
         OnlineLoop(RecordingFleet(), str(tmp_path), "file:///srv/out", "20261127",
                    make_dataset=list)
+
+
+@pytest.mark.parametrize(
+    ("args", "missed"),
+    [
+        # 24 hourly folders, passes of 5: the last 4 fill no pass.
+        (("1", "{0..23}", 60, 5, True), "the hourly folders 20, 21, 22, 23"),
+        # 288 five-minute slices, passes of 7: the last one fills no pass.
+        (("1", "{0..23}", 5, 7, False), "the minutes 2355-2359"),
+        # Splits of 7 minutes: an hour holds 8, the last 4 minutes are in none.
+        (("1", "{0}", 7, 4, False), "the minutes 0056-0059"),
+        # Splits of two hours over hourly folders: each reads its first hour only.
+        (("1", "{0..3}", 120, 1, True), "the hourly folders 01, 03"),
+    ],
+)
+def test_slices_no_pass_reads_are_named(args, missed, caplog, tmp_path: Path) -> None:
+    from trainer.loop.online_loop import OnlineLoop
+
+    with caplog.at_level(logging.WARNING, logger="trainer.loop.online"):
+        passes = online_pass_interval(*args)  # Paddle's passes, with a warning
+    assert passes and f"no pass of the day reads {missed}" in caplog.text
+    with pytest.raises(ValueError, match=f"no pass of the day reads {missed}"):
+        online_pass_interval(*args, strict=True)
+    # The online loop is fleetfeed's own: it refuses to leave records untrained.
+    _, hours, interval, per_pass, hourly = args
+    with pytest.raises(ValueError, match=f"reads {missed}, so their records are never"):
+        OnlineLoop(RecordingFleet(), str(tmp_path), str(tmp_path / "out"), "20261127",
+                   make_dataset=list, hours=hours, split_interval=interval,
+                   split_per_pass=per_pass, is_data_hourly_placed=hourly)
+
+
+def test_passes_that_read_every_slice_say_nothing(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="trainer.loop.online"):
+        online_pass_interval("1", "{0..23}", 5, 12, False, strict=True)
+        online_pass_interval("1", "{8..11}", 30, 1, True, strict=True)  # hour folders twice
+        online_pass_interval("1", "{8..9}", 30, 2, False, strict=True)
+    assert caplog.text == ""

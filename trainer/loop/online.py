@@ -96,16 +96,17 @@ def _expand(what: str, text: Any) -> list[int]:
 
 def online_pass_interval(
     days: Any, hours: Any, split_interval: Any, split_per_pass: Any,
-    is_data_hourly_placed: bool,
+    is_data_hourly_placed: bool, strict: bool = False,
 ) -> list[list[str]]:
     """A day's passes: each the folder names of its ``split_per_pass`` slices of
     ``split_interval`` minutes, over ``hours`` (``"{0..23}"``); ``"HH"`` when
     the data is placed hourly, else ``"HHMM"``. Splits that do not fill a last
-    pass are left out, as in Paddle.
+    pass are left out, as in Paddle, with a warning (``strict``: an error),
+    as are the minutes of ``hours`` past the last whole split.
 
     Raises:
-        ValueError: a malformed ``days`` or ``hours``, or intervals that do not
-            divide an hour into whole splits.
+        ValueError: a malformed ``days`` or ``hours``, intervals below 1, or
+            (``strict``) a slice of ``hours`` that no pass reads.
     """
     _expand("days", days)  # checked as Paddle does; the passes are the same each day
     hour_list = _expand("hours", hours)
@@ -123,7 +124,56 @@ def online_pass_interval(
     for minute in range(hour_list[0] * 60, hour_list[0] * 60 + count * interval, interval):
         hour, rest = divmod(minute, 60)
         splits.append(f"{hour:02}" if is_data_hourly_placed else f"{hour:02}{rest:02}")
-    return [splits[i : i + per_pass] for i in range(0, len(splits) - per_pass + 1, per_pass)]
+    passes = [splits[i : i + per_pass] for i in range(0, len(splits) - per_pass + 1, per_pass)]
+    missed = _left_out(passes, hour_list, interval, is_data_hourly_placed)
+    if missed is not None:
+        # Paddle leaves them out without a word: their records never train.
+        message = (
+            f"hours={hours!r}, split_interval={split_interval}, split_per_pass="
+            f"{split_per_pass}: no pass of the day reads {missed}, so their records "
+            "are never trained"
+        )
+        if strict:
+            raise ValueError(
+                f"{message}; choose a split_interval and split_per_pass that divide "
+                "the hours into whole passes"
+            )
+        log.warning("%s (as in Paddle)", message)
+    return passes
+
+
+def _left_out(
+    passes: list[list[str]], hour_list: list[int], interval: int, is_data_hourly_placed: bool
+) -> str | None:
+    """What of the hours no pass reads, in words (None: nothing): the hourly
+    folders no split names, or the minutes no split covers (splits that fill
+    no last pass, the end of a span that the interval does not divide)."""
+    if is_data_hourly_placed:
+        read = {int(split) for one_pass in passes for split in one_pass}
+        missed = [f"{hour:02}" for hour in hour_list if hour not in read]
+        return f"the hourly folders {_listed(missed)}" if missed else None
+    covered = set()
+    for one_pass in passes:
+        for split in one_pass:
+            start = int(split[:2]) * 60 + int(split[2:])
+            covered.update(range(start, start + interval))
+    runs: list[list[int]] = []  # [first, last] minutes of each stretch no split covers
+    for minute in range(hour_list[0] * 60, (hour_list[-1] + 1) * 60):
+        if minute in covered:
+            continue
+        if runs and runs[-1][1] == minute - 1:
+            runs[-1][1] = minute
+        else:
+            runs.append([minute, minute])
+    if not runs:
+        return None
+    stretches = [f"{a // 60:02}{a % 60:02}-{b // 60:02}{b % 60:02}" for a, b in runs]
+    return f"the minutes {_listed(stretches)}"
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def wait_for_done_file(

@@ -82,7 +82,9 @@ class OnlineLoop:
         output: where saves, dumps and done files go.
         first_day: ``YYYYMMDD``; ``days`` consecutive days are trained.
         hours, split_interval, split_per_pass, is_data_hourly_placed: the passes
-            of a day, as Paddle's ``FleetUtil.get_online_pass_interval``.
+            of a day, as Paddle's ``FleetUtil.get_online_pass_interval``; they
+            must read every slice of the hours (Paddle drops the slices that
+            fill no last pass).
         make_dataset: a dataset for this worker's share of a pass's files.
         file_pattern: the files of a slice (a glob in its folder).
         done_file: the file that marks a slice complete.
@@ -114,7 +116,8 @@ class OnlineLoop:
         self.dump_fields = list(dump_fields) if dump_fields else None
         self.poll_interval, self.timeout = poll_interval, timeout
         passes = online.online_pass_interval(
-            first_day, hours, split_interval, split_per_pass, is_data_hourly_placed)
+            first_day, hours, split_interval, split_per_pass, is_data_hourly_placed,
+            strict=True)
         # What a pass number means: a restart must mean the same (_check_schedule);
         # and since which day the days are numbered (_number_days).
         self.schedule = {
