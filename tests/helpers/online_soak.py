@@ -53,10 +53,16 @@ class Schedule:
     def slices(self) -> list[tuple[str, str]]:
         return [(day, f"{hour:02}") for day in self.day_names() for hour in range(self.hours)]
 
+    def day_before(self) -> str:
+        """The day whose end the untrained model is saved and listed as."""
+        first = datetime.datetime.strptime(self.day, "%Y%m%d")
+        return (first - datetime.timedelta(days=1)).strftime("%Y%m%d")
+
     def saves(self) -> list[tuple[int, int]]:
-        """donefile.txt's (day, pass) in order: each day's passes, then its base (-1)."""
-        return [(int(day), p) for day in self.day_names()
-                for p in [*range(1, self.hours + 1), -1]]
+        """donefile.txt's (day, pass) in order: the untrained model as the end
+        of the day before, then each day's passes and its base (-1)."""
+        return [(int(self.day_before()), -1)] + [
+            (int(day), p) for day in self.day_names() for p in [*range(1, self.hours + 1), -1]]
 
     def job_args(self) -> list[str]:
         return ["--day", self.day, "--days", str(self.days), "--hours",
@@ -293,7 +299,7 @@ def check(job: Job, source: Path, schedule: Schedule) -> list[str]:
                         f"{len(wanted)} in order; first difference: {differs[:1]}")
     bases = [json.loads(line)["input"] for line in
              (out / "xbox_base_done.txt").read_text().splitlines()]
-    if bases != [f"out/{day}/base/000" for day in schedule.day_names()]:
+    if bases != [f"out/{day}/base/000" for day in [schedule.day_before(), *schedule.day_names()]]:
         problems.append(f"xbox_base_done.txt lists {bases}")
     problems += _key_problems(out)
     for day, p in schedule.saves():
@@ -317,7 +323,7 @@ def _key_problems(out: Path) -> list[str]:
     base before it, and the serving lines under the keys of donefile.txt."""
     problems = []
     listed = [line.split("\t") for line in (out / "donefile.txt").read_text().splitlines()]
-    current = int(listed[0][1]) if listed else 0
+    current = 0  # the first line is the untrained model's base
     for day, key, _, pass_id, *_ in listed:
         if int(pass_id) == -1 and int(key) <= current:
             problems.append(f"the base of day {day} has key {key}, not above {current}")

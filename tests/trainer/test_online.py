@@ -294,7 +294,10 @@ def test_the_online_loop_keeps_the_order_and_resumes_after_the_last_listed_pass(
         (folder / "part-0").write_text("")
         (folder / "to.hadoop.done").write_text("")
     assert online_loop_calls(tmp_path) == [
-        ("init_worker",), ("worker_group",), ("save_persistables", "OUT/start"),
+        ("init_worker",), ("worker_group",),
+        # The untrained model, saved and listed as the end of the day before.
+        ("save_persistables", "OUT/20261126/0"),
+        ("save_persistables", "OUT/20261126/base", "('mode', 0)"),
         ("load", "['00']"), ("preload", "['01']"),  # the next pass reads while this one trains
         ("set_pass", "1"), ("train", "1"),
         ("save_persistables", "OUT/20261127/delta-1", "('mode', 1)"),  # the delta first
@@ -308,17 +311,18 @@ def test_the_online_loop_keeps_the_order_and_resumes_after_the_last_listed_pass(
     ]
     listed = [line.split("\t")[3] for line in
               (tmp_path / "out" / "donefile.txt").read_text().splitlines()]
-    assert listed == ["1", "2", "-1"]
+    assert listed == ["-1", "1", "2", "-1"]
     # A job that died after pass 1 was listed: the next attempt trains pass 2 on.
     donefile = tmp_path / "out" / "donefile.txt"
-    donefile.write_text(donefile.read_text().splitlines()[0] + "\n")
+    donefile.write_text("".join(line + "\n" for line in donefile.read_text().splitlines()[:2]))
     calls = online_loop_calls(tmp_path)
     assert [c for c in calls if c[0] in ("train", "save_persistables")] == [
         ("train", "2"), ("save_persistables", "OUT/20261127/delta-2", "('mode', 1)"),
         ("save_persistables", "OUT/20261127/2"), ("save_persistables", "OUT/20261127/0"),
         ("save_persistables", "OUT/20261127/base", "('mode', 0)"),
     ]
-    assert [line.split("\t")[3] for line in donefile.read_text().splitlines()] == ["1", "2", "-1"]
+    assert [line.split("\t")[3] for line in donefile.read_text().splitlines()] == [
+        "-1", "1", "2", "-1"]
 
 
 def _slices(tmp_path: Path, day: str, hours: list[str]) -> None:
@@ -335,7 +339,8 @@ def test_a_restart_with_other_passes_is_refused_before_it_skips_a_slice(tmp_path
     _slices(tmp_path, "20261127", ["00", "01", "02", "03"])
     online_loop_calls(tmp_path, hours="{0..3}")  # four passes of an hour
     donefile = tmp_path / "out" / "donefile.txt"
-    donefile.write_text(donefile.read_text().splitlines()[0] + "\n")  # died after pass 1
+    # Died after pass 1 (listed after the untrained model).
+    donefile.write_text("".join(line + "\n" for line in donefile.read_text().splitlines()[:2]))
     # Two hours a pass: "pass 2" would be hours 02-03, and hour 01 never trained.
     refused = (
         r"resumes day 20261127 after its pass 1 .*whose passes were hours='\{0\.\.3\}', "
@@ -344,7 +349,7 @@ def test_a_restart_with_other_passes_is_refused_before_it_skips_a_slice(tmp_path
     for server in (True, False):  # every process, before it serves or trains
         with pytest.raises(TrainerError, match=refused):
             calls = online_loop_calls(tmp_path, server=server, hours="{0..3}", split_per_pass=2)
-    assert donefile.read_text().count("\n") == 1  # nothing trained, nothing listed
+    assert donefile.read_text().count("\n") == 2  # nothing trained, nothing listed
     # The same passes go on from pass 2; an output that recorded none is recorded.
     (tmp_path / "out" / "online_schedule.json").unlink()
     calls = online_loop_calls(tmp_path, hours="{0..3}")
@@ -388,17 +393,22 @@ def test_each_base_has_its_own_key_and_the_next_days_deltas_carry_it(tmp_path: P
         _slices(tmp_path, day, ["00", "01"])
     online_loop_calls(tmp_path, days=2)
     bases, deltas = keys("xbox_base_done.txt"), keys("xbox_patch_done.txt")
-    assert [folder for folder, _ in bases] == ["20261127/base", "20261128/base"]
-    first, second = (int(key) for _, key in bases)
-    assert second > first  # a serving side that keys its bases loads both
-    started = int((out / "donefile.txt").read_text().split("\t")[1])
-    assert first > started
+    # The untrained model's base first (PaddleRec's save_first_base): the first
+    # day's deltas apply to a base the serving side has.
+    assert [folder for folder, _ in bases] == ["20261126/base", "20261127/base", "20261128/base"]
+    started, first, second = (int(key) for _, key in bases)
+    assert second > first > started  # a serving side that keys its bases loads each
+    ins_paths = [json.loads(line)["ins_path"] for line in
+                 (out / "xbox_base_done.txt").read_text().splitlines()]
+    assert ins_paths == ["", f"{tmp_path}/data/20261127", f"{tmp_path}/data/20261128"]
     assert deltas == [("20261127/delta-1", str(started)), ("20261127/delta-2", str(started)),
                       ("20261128/delta-1", str(first)), ("20261128/delta-2", str(first))]
     assert [json.loads(line)["id"] for line in
-            (out / "xbox_base_done.txt").read_text().splitlines()] == [str(first), str(second)]
+            (out / "xbox_base_done.txt").read_text().splitlines()] == [
+                str(started), str(first), str(second)]
     donefile = [line.split("\t") for line in (out / "donefile.txt").read_text().splitlines()]
     assert [(d[0], d[3], int(d[1])) for d in donefile] == [
+        ("20261126", "-1", started),
         ("20261127", "1", started), ("20261127", "2", started), ("20261127", "-1", first),
         ("20261128", "1", first), ("20261128", "2", first), ("20261128", "-1", second)]
     # A restart after a day's end: the next day's deltas carry that base's key.

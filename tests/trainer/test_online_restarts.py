@@ -7,6 +7,7 @@ of hourly slices with ten kills."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 
 import numpy as np
@@ -85,12 +86,15 @@ def test_a_pass_is_saved_with_every_workers_updates(tmp_path, mode):
     # The published deltas form one chain from the job's first save, each
     # naming the state of the one before: the day's checkpoints between them
     # leave it whole. Loading them in order gives the last pass's rows.
-    saves = ["start", *(f"{schedule.day}/delta-{p}" for p in range(1, schedule.hours + 1))]
+    # The untrained model: the end of the day before, saved and listed at the start.
+    day_before = datetime.datetime.strptime(schedule.day, "%Y%m%d") - datetime.timedelta(days=1)
+    saves = [f"{day_before:%Y%m%d}/base",
+             *(f"{schedule.day}/delta-{p}" for p in range(1, schedule.hours + 1))]
     metas = [checkpoint.read_meta(str(job.out / save)) for save in saves]
     for before, delta in itertools.pairwise(metas):
         assert delta["after"] == checkpoint.state_of(before), delta
     # The first save is of the untrained model: no rows yet.
-    first = table_files.summary(str(job.out / "start"))["tables"]
+    first = table_files.summary(str(job.out / saves[0]))["tables"]
     assert all(table["rows"] == 0 for table in first.values())
     rows = tables(job.out / saves[1])
     for save in saves[2:]:

@@ -35,6 +35,7 @@ replaces it.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import posixpath
@@ -48,7 +49,7 @@ __all__ = [
     "DONE_FILES",
     "DoneFileTimeout",
     "finish_done_files",
-    "first_saved_day",
+    "first_trained_day",
     "join",
     "last_saved_model",
     "next_base_key",
@@ -345,10 +346,23 @@ def read_schedule(output_path: str) -> dict[str, Any] | None:
     return schedule
 
 
-def first_saved_day(output_path: str, donefile_name: str = "donefile.txt") -> int:
-    """The day of the first save that ``donefile_name`` lists; -1 when none."""
+def first_trained_day(output_path: str, donefile_name: str = "donefile.txt") -> str | None:
+    """The first day trained into the saves that ``donefile_name`` lists, as
+    ``YYYYMMDD``: the day of the first one, or the day after it when that is a
+    day's end (the online loop's untrained model, listed as the end of the
+    day before its first); None when nothing is listed."""
     lines = _read_lines(output_path.rstrip("/") + "/" + donefile_name)
-    return int(lines[0].split("\t")[0]) if lines else -1
+    if not lines:
+        return None
+    fields = lines[0].split("\t")
+    day = fields[0]
+    if len(fields) > 3 and fields[3].strip() == "-1":
+        try:
+            after = datetime.datetime.strptime(day, "%Y%m%d") + datetime.timedelta(days=1)
+        except ValueError:
+            return day  # the caller names what it found
+        return after.strftime("%Y%m%d")
+    return day
 
 
 def last_saved_model(

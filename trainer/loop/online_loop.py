@@ -8,8 +8,10 @@ dataset as a pass. The driver owns everything around them, in this order:
 - **Start.** ``donefile.txt`` (``online.last_saved_model``) is the job's
   commit log. A server starts from its last listed save, or fresh; a worker
   repairs the serving line of the last listed save (a job that died between
-  the two done files), and a job with nothing listed writes a full save
-  (``<output>/start``), from which the first delta counts. The day's passes
+  the two done files), and a job with nothing listed saves and lists the
+  untrained model as the end of the day before its first (``<day>/0`` and
+  ``<day>/base``, PaddleRec's ``save_first_base``): the first delta counts
+  from it, and the first day's deltas name a base the serving side has. The day's passes
   are recorded (``online_schedule.json``) with the output's first day, from
   which days are numbered; a restart in the middle of a day with other passes
   is refused by every process before it serves or trains: its pass numbers
@@ -63,7 +65,8 @@ class PassInfo:
 
     day: str
     # The tables' pass, so that rules count days unseen: 1 for the output's
-    # first day, then one more each calendar day (``OnlineLoop._number_days``).
+    # first day, then one more each calendar day (``OnlineLoop._number_days``);
+    # 0 for the untrained model, saved as the end of the day before.
     day_number: int
     pass_id: int
     folders: tuple[str, ...] = ()
@@ -172,10 +175,15 @@ class OnlineLoop:
         fleet.worker_group()  # fleet.metrics' group forms now, not after the first pass
         first = fleet.is_first_worker()
         listed = PassInfo(str(last_day), 0, last_pass).order()
+        start = self._start()
+        if first and recorded != self.schedule:
+            # Before anything is listed: a restart numbers the days from it.
+            os.makedirs(self.output, exist_ok=True)
+            online.write_schedule(self.output, self.schedule)
         if last_day != -1:
             if first:
                 print(f"online loop: resuming after day {last_day} pass {last_pass}", flush=True)
-            done = next((s for s in self.steps if s.order() == listed), None)
+            done = next((s for s in (start, *self.steps) if s.order() == listed), None)
 
             def repair() -> None:
                 online.finish_done_files(self.output)  # a crash inside a replacement
@@ -186,12 +194,8 @@ class OnlineLoop:
 
             self._on_worker_0(repair)
         else:
-            if first:
-                fleet.save_persistables(online.join(self.output, "start"))
-            fleet.barrier_worker()
             key = int(time.time())
-        if first and recorded != self.schedule:
-            online.write_schedule(self.output, self.schedule)
+            self._end_day(start, key)
         todo = [step for step in self.steps if step.order() > listed]
         preloaded = None
         trained_until = None
@@ -281,14 +285,14 @@ class OnlineLoop:
         """Numbers the days from the output's first day, so that a relaunch with
         a later ``first_day`` goes on counting (the tables' pass only goes
         forward, and the days between count as unseen). The first day is the
-        one ``recorded``, or for an output trained before the record the day of
-        its first listed save; an output with nothing ``saved`` starts at this
+        one ``recorded``, or for an output trained before the record the first
+        day its listed saves trained; an output with nothing ``saved`` starts at this
         job's ``first_day``."""
         origin, source = self.schedule["first_day"], "first_day"
         if saved and (recorded or {}).get("first_day") is not None:
             origin, source = recorded["first_day"], online.join(self.output, online.SCHEDULE_FILE)
         elif saved:
-            origin = str(online.first_saved_day(self.output))
+            origin = str(online.first_trained_day(self.output))
             source = online.join(self.output, "donefile.txt") + "'s first line"
         try:
             start = datetime.datetime.strptime(str(origin), "%Y%m%d")
@@ -314,9 +318,15 @@ class OnlineLoop:
         dataset.load_into_memory()
         return dataset, False
 
+    def _start(self) -> PassInfo:
+        """The untrained model's step: the end of the day before the first."""
+        first = datetime.datetime.strptime(self.schedule["first_day"], "%Y%m%d")
+        return PassInfo((first - datetime.timedelta(days=1)).strftime("%Y%m%d"), 0, DAY_END)
+
     def _end_day(self, step: PassInfo, key: int) -> None:
         if self.fleet.is_first_worker():
-            self.fleet.shrink()  # once: each call decays the rows' statistics again
+            if step.day_number > 0:  # nothing to retire before the first day
+                self.fleet.shrink()  # once: each call decays the rows' statistics again
             self.fleet.save_persistables(self._save_dir(step, "0"))
             self.fleet.save_persistables(self._save_dir(step, "base"), mode=0)
         self._publish(step, key)
@@ -381,7 +391,9 @@ class OnlineLoop:
 
     def _inputs(self, step: PassInfo) -> list[str] | str:
         """The data a save was trained on, for the serving side's done file."""
-        return online.join(self.data, step.day) if step.pass_id == DAY_END else list(step.folders)
+        if step.pass_id != DAY_END:
+            return list(step.folders)
+        return online.join(self.data, step.day) if step.day_number > 0 else []
 
     def _save_dir(self, step: PassInfo, name: str) -> str:
         return online.join(online.join(self.output, step.day), name)
