@@ -30,7 +30,7 @@ from trainer.nn import SparseEmbedding
 from trainer.ps import OptimizerSpec, ParameterServerRuntime
 from trainer.ps.checkpoint import directory as checkpoint
 from trainer.ps.checkpoint import table_files
-from trainer.ps.tables.entries import CtrAccessorParam
+from trainer.ps.tables.entries import CountFilterEntry, CtrAccessorParam
 from trainer.ps.tables.table import SparseTable, as_u64, shard_of
 
 NAME, DIM = "saves", 4
@@ -244,6 +244,45 @@ def test_passes_set_with_no_pull_between_keep_each_rows_last_pass(tmp_path):
     seen = [int(p) for columns in table_files.read_table(str(tmp_path / "again"), NAME)
             for p in columns["last_seen_pass"]]
     assert seen == [1, 2]
+
+
+def test_a_pass_set_past_the_saved_passes_before_a_load_keeps_each_rows_last_pass(tmp_path):
+    # A daily job that sets today's pass, then loads yesterday's base: the
+    # saved passes it skipped start in their place, so rows still age out (they
+    # counted from today, and shrink never dropped them).
+    accessor = CtrAccessorParam(delete_after_unseen_days=3, delete_threshold=0.0)
+    writer = SparseTable(NAME, DIM, ADAGRAD, seed=3, accessor=accessor)
+    for day in (1, 5, 9):
+        writer.set_pass(day)
+        writer.pull(as_u64(np.arange(100 * day, 100 * day + 10)))
+    save([writer], tmp_path / "base", "base", None)
+    other = SparseTable(NAME, DIM, ADAGRAD, seed=3, accessor=accessor)
+    other.mark_saved()  # a delta counts from a save
+    other.set_pass(7)
+    other.pull(as_u64(np.arange(700, 710)))
+    save([other], tmp_path / "delta", "delta", None)  # rows of a pass between 5 and 9
+
+    reader = SparseTable(NAME, DIM, ADAGRAD, seed=3, accessor=accessor,
+                         entry=CountFilterEntry(2))
+    reader.set_pass(3)
+    reader.pull(as_u64(np.arange(30, 35)))  # seen once in pass 3: waiting
+    reader.set_pass(10)
+    reader.pull(as_u64(np.arange(1000, 1003)))  # seen once in pass 10: waiting
+    load([reader], tmp_path / "base")
+    for _ in range(2):
+        reader.pull(as_u64(np.arange(2000, 2002)))  # admitted in pass 10
+    load([reader], tmp_path / "delta")  # pass 7 starts among the passes known
+    probe = as_u64(np.array([100, 500, 700, 900, 2000]))
+    assert reader.statistics(probe)["unseen_passes"].tolist() == [9, 5, 3, 1, 0]
+    assert contents([reader])[500][:4] == contents([writer])[500][:4]  # the writer is at pass 9
+    # The ids waiting kept their passes: pass 3's age out, pass 10's stay.
+    reader.shrink()
+    reader.pull(as_u64(np.array([30, 1000])))  # admits 1000 (seen twice), not 30 (once)
+    assert reader.statistics(as_u64(np.array([30, 1000])))["show"].tolist() == [-1.0, 2.0]
+    save([reader], tmp_path / "again", "base", None)
+    seen = sorted({int(p) for columns in table_files.read_table(str(tmp_path / "again"), NAME)
+                   for p in columns["last_seen_pass"]})
+    assert seen == [7, 9, 10]  # days 1 and 5 aged out (more than 3 passes unseen)
 
 
 class _Unsaveable:

@@ -61,6 +61,30 @@ class PassClock:
         started = np.searchsorted(self._pass_ticks, ticks.astype(np.int64), side="right") - 1
         return self.current_pass - self._pass_ids[np.maximum(started, 0)]
 
+    def insert_earlier(self, passes: list[int]) -> np.ndarray:
+        """Adds ``passes`` (each before the current pass, none known), so that
+        rows loaded as last seen in one count their unseen passes from it, not
+        from the next pass the clock knows (``set_pass`` moved past them before
+        the load). Each begins where the next known pass began, and every tick
+        from there moves up to make room. Returns the ticks where passes went
+        in, one per pass, in order: a tick ``t`` of the rows becomes
+        ``t + searchsorted(returned, t, side="right")`` (``shifted``)."""
+        inserted = np.asarray(sorted(passes), dtype=np.int64)
+        at = np.searchsorted(self._pass_ids, inserted)  # the next known pass
+        where = self._pass_ticks[at]
+        moved = shifted(self._pass_ticks, where)
+        ids = np.concatenate([self._pass_ids, inserted])
+        ticks = np.concatenate([moved, where + np.arange(inserted.shape[0])])
+        order = np.argsort(ids, kind="stable")
+        self._pass_ids, self._pass_ticks = ids[order], ticks[order]
+        self.tick += int(inserted.shape[0])
+        return where
+
+    def known(self, pass_id: int) -> bool:
+        """Whether the clock has seen pass ``pass_id`` start."""
+        at = int(np.searchsorted(self._pass_ids, pass_id))
+        return at < self._pass_ids.shape[0] and int(self._pass_ids[at]) == pass_id
+
     def first_tick_within(self, passes: int) -> int:
         """The first tick of the passes at most ``passes`` before the current one."""
         recent = np.flatnonzero(self._pass_ids >= self.current_pass - passes)
@@ -70,6 +94,12 @@ class PassClock:
         """Moves the clock ``by`` ticks back (a rebase)."""
         self._pass_ticks = np.maximum(self._pass_ticks - by, 0)
         self.tick -= by
+
+
+def shifted(ticks: np.ndarray, inserted_at: np.ndarray) -> np.ndarray:
+    """``ticks`` after passes went in at the ticks ``inserted_at`` (sorted):
+    each moves up by the passes inserted at or before it."""
+    return ticks + np.searchsorted(inserted_at, ticks, side="right").astype(ticks.dtype)
 
 
 class RowStats:
@@ -129,6 +159,14 @@ class RowStats:
             self.clock.shift(base)
         self.clock.tick += 1
         return self.clock.tick
+
+    def start_earlier_passes(self, passes: list[int], rows: int) -> None:
+        """Starts ``passes`` before the current one that the clock never saw
+        (``PassClock.insert_earlier``), moving the ticks of the first ``rows``
+        rows and of the pending ids to match."""
+        inserted_at = self.clock.insert_earlier(passes)
+        self.last[:rows] = shifted(self.last[:rows], inserted_at.astype(np.uint32))
+        self.pending.move_ticks(inserted_at)
 
     def least_recently_seen(self, rows: int, tick: int, count: int) -> np.ndarray:
         """Up to ``count`` of the first ``rows`` rows, the least recently seen
@@ -278,6 +316,11 @@ class PendingIds:
         """The last-seen tick of every live entry (for a rebase of ticks)."""
         size = self._index.size
         return self._tick[:size][self._count[:size] >= 0]
+
+    def move_ticks(self, inserted_at: np.ndarray) -> None:
+        """Moves every tick up past passes inserted at ``inserted_at`` (``shifted``)."""
+        size = self._index.size
+        self._tick[:size] = shifted(self._tick[:size], inserted_at.astype(np.uint32))
 
     def shift_ticks(self, by: int) -> None:
         """Subtracts ``by`` from every tick (at least 0)."""

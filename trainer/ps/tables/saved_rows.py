@@ -18,7 +18,7 @@ import numpy as np
 from ...job.errors import CheckpointError
 from .describe import describe_value, is_int
 from .optim import OptimizerSpec
-from .rowstats import PassClock
+from .rowstats import RowStats
 
 __all__ = ["check_rows", "selected_columns", "ticks_of_passes"]
 
@@ -82,17 +82,22 @@ def check_rows(
 
 
 def ticks_of_passes(
-    clock: PassClock, passes: np.ndarray | None, saved_pass: int | None, table: str
+    stats: RowStats, rows: int, passes: np.ndarray | None, saved_pass: int | None, table: str
 ) -> np.ndarray | None:
     """The last-seen ticks for rows saved as last seen in ``passes`` (None
-    where none given), first starting on ``clock`` the passes (and
-    ``saved_pass``) it has not reached, each at a tick of its own. Exact where
-    the clock knows every saved pass (a table loaded from its base and deltas
-    in order); a pass before the clock's current one that it never saw counts
-    from the next pass it knows."""
+    where none given), first starting on the table's clock the passes (and
+    ``saved_pass``) it never saw, each at a tick of its own: those after its
+    current pass as ``set_pass`` does, those before it in their place (a
+    ``set_pass`` before the load; ``rows``: the table's rows, whose ticks
+    move to make room). A row's unseen passes then count from the pass it
+    was saved in."""
+    clock = stats.clock
     wanted = set() if passes is None else set(np.unique(passes).tolist())
     if saved_pass is not None:
         wanted.add(int(saved_pass))
+    earlier = [n for n in sorted(wanted) if n < clock.current_pass and not clock.known(n)]
+    if earlier:
+        stats.start_earlier_passes(earlier, rows)
     for number in sorted(wanted):
         if number > clock.current_pass:
             clock.set_pass(number, f"table '{table}'")  # at a tick of its own

@@ -654,7 +654,8 @@ class SparseTable:
                 kept[found[found >= 0]] = False
                 self._keep_rows(kept)
             passes = columns.pop("last_seen_pass", None)
-            ticks = ticks_of_passes(self._stats.clock, passes, state.get("pass"), self.name)
+            ticks = ticks_of_passes(
+                self._stats, self._index.size, passes, state.get("pass"), self.name)
             rows = self._insert(ids)
             for key, values in columns.items():
                 target = self._weights if key == "weights" else self._state.get(key[6:])
