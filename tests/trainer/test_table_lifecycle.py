@@ -271,6 +271,42 @@ def test_budget_evicts_least_recently_seen_rows():
     assert len(table) <= 100
 
 
+def test_ticks_renumbered_before_they_wrap_keep_each_rows_pass_and_order():
+    # A tick is a training pull: a server of many workers passes 2**32 in days.
+    # A row seen at the first pull and kept since pinned the old rebase (a
+    # shift down by the oldest tick) at 0, and a pull then overflowed.
+    from trainer.ps.tables import rowstats
+
+    def run(near_the_limit: bool) -> tuple:
+        table = SparseTable("ticks", 2, SGD, entry=CountFilterEntry(2), max_rows=8,
+                            accessor=CtrAccessorParam(delete_after_unseen_days=2,
+                                                      delete_threshold=0.0))
+        for day, ids in ((1, [1, 2, 3]), (2, [4, 5]), (3, [6, 7])):
+            table.set_pass(day)
+            for _ in range(2):  # seen twice: admitted
+                table.pull(np.array(ids, dtype=np.int64))
+            table.pull(np.array([100 + day], dtype=np.int64))  # seen once: waiting
+        if near_the_limit:
+            table._stats.clock.tick = rowstats._TICK_LIMIT - 1  # days of pulls later
+        table.pull(np.array([2, 8], dtype=np.int64))  # renumbers the ticks first
+        table.pull(np.array([8, 9], dtype=np.int64))  # 8 admitted
+        table.pull(np.array([9, 103], dtype=np.int64))  # a budget of 8: evicts the oldest
+        for _ in range(300):  # past where the old rebase overflowed
+            table.pull(np.array([9], dtype=np.int64))
+        table.set_pass(4)
+        dropped = table.shrink()
+        ids = np.arange(1, 10, dtype=np.int64)
+        stats = table.statistics(ids)
+        return (dropped, stats["show"].tolist(), stats["unseen_passes"].tolist(),
+                table.stats()["evicted"], len(table))
+
+    renumbered = run(near_the_limit=True)
+    assert renumbered == run(near_the_limit=False)
+    # Rows 1 and 3 (pass 1, least recently seen) were evicted, row 2 (seen again) was not.
+    assert renumbered[1][:3] == [-1.0, 3.0, -1.0]
+    assert renumbered[1][8] == 302.0
+
+
 class BudgetModel(nn.Module):
     def __init__(self, budget: int) -> None:
         super().__init__()

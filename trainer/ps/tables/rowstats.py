@@ -22,7 +22,7 @@ from ._rows import ROW_STATS_DTYPE, IdIndex, add_clicks_rows, touch_rows
 
 __all__ = ["PassClock", "PendingIds", "RowStats"]
 
-# Ticks are uint32: rebased (shifted down) before they would wrap.
+# Ticks are uint32: renumbered (RowStats._renumber_ticks) before they would wrap.
 _TICK_LIMIT = 0xFFFF_FF00
 
 
@@ -90,10 +90,14 @@ class PassClock:
         recent = np.flatnonzero(self._pass_ids >= self.current_pass - passes)
         return int(self._pass_ticks[recent[0]])
 
-    def shift(self, by: int) -> None:
-        """Moves the clock ``by`` ticks back (a rebase)."""
-        self._pass_ticks = np.maximum(self._pass_ticks - by, 0)
-        self.tick -= by
+    def ticks(self) -> np.ndarray:
+        """The ticks the clock holds: each pass's first, and the last."""
+        return np.append(self._pass_ticks, self.tick)
+
+    def renumber(self, in_use: np.ndarray) -> None:
+        """Each tick becomes its place among ``in_use`` (sorted, holding them all)."""
+        self._pass_ticks = np.searchsorted(in_use, self._pass_ticks).astype(np.int64)
+        self.tick = int(np.searchsorted(in_use, self.tick))
 
 
 def shifted(ticks: np.ndarray, inserted_at: np.ndarray) -> np.ndarray:
@@ -152,13 +156,24 @@ class RowStats:
     def next_tick(self, rows: int) -> int:
         """The tick of a new training pull (``rows``: the table's row count)."""
         if self.clock.tick >= _TICK_LIMIT:
-            in_use = [self.last[:rows], self.pending.ticks(), np.array([self.clock.tick])]
-            base = int(min(int(a.min()) for a in in_use if a.size))
-            self.last[:rows] -= np.uint32(base)
-            self.pending.shift_ticks(base)
-            self.clock.shift(base)
+            self._renumber_ticks(rows)
         self.clock.tick += 1
         return self.clock.tick
+
+    def _renumber_ticks(self, rows: int) -> None:
+        """Numbers the ticks in use (the rows', the pending ids', the clock's)
+        0, 1, 2, ... in their order, before they would wrap: every comparison
+        between two of them stays as it was (a row's pass, the eviction order),
+        and the clock has room again however old the oldest row is. (Shifting
+        them all down by the oldest gains nothing while a row last seen at the
+        first pull is kept.) Holds the table's lock for a sort of its ticks,
+        once in some 4e9 pulls."""
+        last = self.last[:rows]
+        in_use = np.unique(np.concatenate([
+            last.astype(np.int64), self.pending.ticks().astype(np.int64), self.clock.ticks()]))
+        last[:] = np.searchsorted(in_use, last)
+        self.pending.renumber_ticks(in_use)
+        self.clock.renumber(in_use)
 
     def start_earlier_passes(self, passes: list[int], rows: int) -> None:
         """Starts ``passes`` before the current one that the clock never saw
@@ -322,10 +337,11 @@ class PendingIds:
         size = self._index.size
         self._tick[:size] = shifted(self._tick[:size], inserted_at.astype(np.uint32))
 
-    def shift_ticks(self, by: int) -> None:
-        """Subtracts ``by`` from every tick (at least 0)."""
+    def renumber_ticks(self, in_use: np.ndarray) -> None:
+        """Each tick becomes its place among ``in_use`` (sorted, holding every
+        live entry's; a forgotten entry's tick matters to no one)."""
         size = self._index.size
-        self._tick[:size] = np.maximum(self._tick[:size].astype(np.int64) - by, 0)
+        self._tick[:size] = np.searchsorted(in_use, self._tick[:size])
 
     def _keep_entries(self, staying: np.ndarray) -> None:
         """Forgets the entries where ``staying`` is false; renumbers the rest in order."""
