@@ -162,6 +162,24 @@ def test_saves_and_loads_of_a_half_table_carry_its_values_as_float32():
     np.testing.assert_allclose(saved["state.sum"], 0.25**2, rtol=2e-3)
 
 
+def test_a_float_checkpoint_past_the_largest_half_loads_saturated():
+    # "A checkpoint loads into a table of either storage": past 65504 a value
+    # saturates as a push's does; it loaded as inf, and an inf Adagrad sum
+    # froze its row (every step divided by it).
+    ids = np.array([1, 2], dtype=np.uint64)
+    saved = {"ids": ids, "optimizer": "adagrad",
+             "weights": np.array([[7e4, -1e6], [1.0, 2.0]], np.float32),
+             "state.sum": np.array([[5e9, 1.0], [1.0, 1.0]], np.float32)}
+    half = SparseTable("t", 2, ADAGRAD, storage="float16")
+    half.load_state_dict(saved)
+    state = half.state_dict()
+    assert state["weights"].tolist() == [[65504.0, -65504.0], [1.0, 2.0]]
+    assert state["state.sum"][0, 0] == 65504.0**2  # the root saturates
+    half.push(ids, torch.ones(2, 2))
+    after = half.state_dict()
+    assert torch.isfinite(after["state.sum"]).all() and torch.isfinite(after["weights"]).all()
+
+
 def test_half_storage_is_for_sgd_and_adagrad_only():
     with pytest.raises(ValueError, match="float16.*'adam'"):
         SparseTable("t", 8, OptimizerSpec("adam", {"lr": 0.01}), storage="float16")

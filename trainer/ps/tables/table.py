@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 _U64 = np.uint64
+_HALF_MAX = float(np.finfo(np.float16).max)
 # A budget's eviction frees this fraction of the budget at once, so that the
 # index rebuild it costs is paid once per max_rows // 16 new rows.
 _EVICT_FRACTION = 16
@@ -661,6 +662,10 @@ class SparseTable:
                 target = self._weights if key == "weights" else self._state.get(key[6:])
                 if target is not None and key != "weights":
                     values = self._stored(key[6:], values)
+                if target is not None and target.dtype == np.float16:
+                    # Saturated, as a push past the largest half is (not inf,
+                    # which freezes an Adagrad row for good).
+                    values = np.clip(values, -_HALF_MAX, _HALF_MAX)
                 (getattr(self._stats, key) if target is None else target)[rows] = values
             if ticks is not None:
                 self._stats.last[rows] = ticks
