@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..config.errors import CacheError, GlobalShuffleError, SchemaError
+from ..config.errors import CacheError, GlobalShuffleError, SchemaError, StateError
 from ..config.settings import INMEMORY_SETTINGS
 from ..config.slots import INS_ID
 from ..iterate import state
@@ -71,6 +71,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # save_cache() (a setting changed since did not make these records).
         self._loaded_reader: tuple[dict[str, Any], reader_code.LoadedCode] | None = None
         self._epoch_at_load = 0  # passes completed when records were last loaded
+        # Shuffles the records had when a cache of them was saved (load_cache):
+        # load_state_dict() replays a state's shuffles on records as loaded.
+        self._cached_shuffles = 0
         # A global_shuffle() with no other worker: Paddle's shuffle count is then 0.
         self._shuffled_alone = False
         self._shared: shared_records.SharedRecords | None = None  # share_records()
@@ -248,7 +251,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         return cache.SourceFile(path, info.size, info.mtime_ns or 0)
 
     def save_cache(self, path: str | os.PathLike) -> None:
-        """Writes the records in memory, in their current order, to a cache file.
+        """Writes the records in memory, in their current order, to a cache file
+        (a cache saved after a shuffle cannot resume a ``state_dict()``: save
+        it before, as ``init(..., cache=path)`` does).
 
         The cache records the slots and the size and mtime of every file the
         records were loaded from (as they were when loaded). It is written to a
@@ -281,6 +286,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         cache.write_cache(
             os.fspath(path), store.schema, store.copy_pieces(), self._sources,
             self._source_stats, {**settings, cache.READER_CODE: loaded.kept},
+            shuffled=self._cached_shuffles + len(self._shuffles.entries),
         )
         logger.info("saved %d records to cache %s", store.rows, os.fspath(path))
 
@@ -307,7 +313,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         """``load_cache`` but for the warning (``load_into_memory`` gave it)."""
         path = os.fspath(path)
         settings = self._reader_settings()
-        chunks, stats, sources, recorded_code = cache.read_cache(
+        chunks, stats, sources, recorded_code, shuffled = cache.read_cache(
             path, self._record_schema, self._filelist,
             {**settings, cache.READER_CODE: self._reader_code_now()}, stat=self._source_now,
         )
@@ -319,6 +325,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._sources += sources
         self._source_stats += stats.per_file
         self._epoch_at_load = self._position.epoch
+        self._cached_shuffles += shuffled
         # A save of these records records what the cache did (not a log its
         # reader changed since, which that cache left out).
         self._loaded_reader = (settings, reader_code.LoadedCode(recorded_code))
@@ -539,7 +546,8 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continues from a ``state_dict()`` of a dataset that loaded the same files.
 
-        Call it after ``load_into_memory()`` and before any shuffle: it replays
+        Call it after ``load_into_memory()`` (or ``load_cache()`` of a cache
+        saved before any shuffle) and before any shuffle: it replays
         the recorded shuffles (global ones among the same number of workers:
         every worker must call it), so the records are in the order they had,
         and the next iteration starts after the batches already consumed.
@@ -552,6 +560,13 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         """
         state.check_inmemory_state(state_dict)
         store = self._require_store("load_state_dict")
+        if self._cached_shuffles:
+            raise StateError(
+                f"load_state_dict: the records in memory come from a cache saved after "
+                f"{self._cached_shuffles} shuffle(s), and the state's shuffles replay on "
+                "records as loaded; save the cache before any shuffle (init(..., cache=path) "
+                "does), or load the files"
+            )
         state.check_inmemory_fit(
             state_dict, records=store.rows, shuffles_done=len(self._shuffles.entries),
             batch_size=self.batch_size, drop_last=bool(self._settings["drop_last"]),
@@ -594,6 +609,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         self._sources, self._source_stats = [], []
         self._loaded_reader = None
         self._epoch_at_load = 0
+        self._cached_shuffles = 0
         self._shuffles.forget_order()
         self._position = self._new_position()
         release_free_memory()

@@ -96,6 +96,7 @@ def write_cache(
     sources: Sequence[SourceFile],
     per_file: Sequence[FileStats],
     reader_settings: dict[str, Any],
+    shuffled: int = 0,
 ) -> None:
     """Writes ``chunks`` to ``path`` atomically (a temporary name, then a rename).
 
@@ -107,6 +108,7 @@ def write_cache(
         per_file: the load accounting of each source (restored by ``read_cache``).
         reader_settings: the settings that made records of the files (JSON
             values: the pipe command, ...), which ``read_cache`` must be given alike.
+        shuffled: the shuffles that made the order of ``chunks`` (0: as loaded).
 
     Raises:
         OSError: the write failed (a full disk, a file size limit, ...): the
@@ -134,6 +136,7 @@ def write_cache(
         ],
         "uniform_widths": widths,
         "records": chunks.rows if gathered else sum(c.rows for c in chunks),
+        "shuffled": int(shuffled),
     }
     arrow_schema = arrow_schema.with_metadata({METADATA_KEY: json.dumps(meta).encode()})
 
@@ -175,8 +178,9 @@ def read_cache(
     Returns:
         The records (numpy views of a copy-on-write memory map), the load
         accounting of the load that made the cache (with this load's time),
-        the sources, and the digests of the reader's code it records (empty
-        for a cache of an earlier fleetfeed).
+        the sources, the digests of the reader's code it records (empty
+        for a cache of an earlier fleetfeed), and the shuffles that made the
+        records' order (``write_cache``'s ``shuffled``).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -244,7 +248,9 @@ def read_cache(
     except TypeError as error:
         raise CacheError(f"cache {path} is corrupt: malformed metadata ({error})") from None
     stats = LoadStats.combine(per_file, time.perf_counter() - started)
-    return chunks, stats, sources, dict(meta["reader"].get(READER_CODE) or {})
+    shuffled = meta.get("shuffled", 0)  # a cache written before it was recorded: unknown
+    return (chunks, stats, sources, dict(meta["reader"].get(READER_CODE) or {}),
+            shuffled if isinstance(shuffled, int) else 0)
 
 
 def _check_columns(path: str, found: pa.Schema, schema: SlotSchema) -> None:

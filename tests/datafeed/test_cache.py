@@ -574,3 +574,42 @@ def test_a_load_cache_on_top_of_records_a_pass_went_over_is_said(tmp_path, files
     with caplog.at_level("WARNING", logger="datafeed"):
         ds.load_cache(tmp_path / "c.arrow")  # with the cache setting, called directly
     assert "load_cache appends to the 21 records in memory" in caplog.text
+
+
+def test_a_resume_from_a_cache_saved_after_a_shuffle_is_refused(tmp_path, files):
+    # The cache holds the shuffled order, and load_state_dict replays the
+    # state's shuffles on records as loaded: the resumed batches repeated a
+    # quarter of the records and skipped as many, without a word.
+    pytest.importorskip("torch", reason="batches are torch tensors")
+    from datafeed import StateError
+
+    def records(batches) -> list:
+        return sorted(repr(b["label"].tolist()) + repr(b["dense"].tolist()) for b in batches)
+
+    for save_after_shuffle in (True, False):
+        path = tmp_path / f"records-{save_after_shuffle}.arrow"
+        source = dataset(files)
+        source.load_into_memory()
+        if not save_after_shuffle:
+            source.save_cache(path)
+        source.local_shuffle(seed=1)
+        if save_after_shuffle:
+            source.save_cache(path)
+        batches = iter(source)
+        seen = [next(batches) for _ in range(2)]
+        saved_state = source.state_dict()
+        rest = list(batches)
+        resumed = dataset(files)
+        resumed.load_cache(path)
+        if save_after_shuffle:
+            with pytest.raises(StateError, match=r"come from a cache saved after 1 shuffle"):
+                resumed.load_state_dict(saved_state)
+            # Saved again, the records still carry the shuffle that ordered them.
+            resumed.save_cache(tmp_path / "again.arrow")
+            again = dataset(files)
+            again.load_cache(tmp_path / "again.arrow")
+            with pytest.raises(StateError, match=r"saved after 1 shuffle"):
+                again.load_state_dict(saved_state)
+            continue
+        resumed.load_state_dict(saved_state)
+        assert records(resumed) == records(rest) and len(rest) + len(seen) == 6
