@@ -539,8 +539,9 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         return state.inmemory_state(
             self._position, self._shuffles,
             records=self._store.rows if self._store is not None else 0,
-            batch_size=self.batch_size, drop_last=bool(self._settings["drop_last"]),
-            seed=self._settings["seed"],
+            # The batches consumed are the pass's, of the size it began with.
+            batch_size=self._position.pass_batch_size or self.batch_size,
+            drop_last=bool(self._settings["drop_last"]), seed=self._settings["seed"],
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -713,7 +714,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         # After load_state_dict(), the pass continues after the batches consumed.
         start = self._position.take_resume()
         limit = self._equal_batch_count(store) if self._settings["equal_batches"] else None
-        self._position.begin_pass(start)
+        self._position.begin_pass(start, self.batch_size)
         return batcher, start * self.batch_size, limit
 
     def _equal_batch_count(self, store: RecordStore) -> int | None:

@@ -25,6 +25,8 @@ class Position:
             the last completed pass).
         resume_batches: after ``load_state_dict()``, the batches the next pass
             skips (those consumed before the restart); None otherwise.
+        pass_batch_size: the batch size of the pass under way (None: none is),
+            which its batches are counted in whatever the setting says since.
     """
 
     def __init__(self) -> None:
@@ -32,15 +34,17 @@ class Position:
         self.batches = 0
         self.started = False
         self.resume_batches: int | None = None
+        self.pass_batch_size: int | None = None
 
     def take_resume(self) -> int:
         """The batches the next pass skips (0 unless resuming); resumes only once."""
         start, self.resume_batches = self.resume_batches or 0, None
         return start
 
-    def begin_pass(self, start: int) -> None:
-        """A pass begins, ``start`` batches in."""
+    def begin_pass(self, start: int, batch_size: int | None = None) -> None:
+        """A pass of ``batch_size`` records a batch begins, ``start`` batches in."""
         self.batches, self.started = start, True
+        self.pass_batch_size = batch_size
 
     def count(self, pieces: list[Piece]) -> None:
         """One batch made of ``pieces`` is handed out (counted before it is
@@ -51,6 +55,7 @@ class Position:
         """The pass ran to its end."""
         self.epoch += 1
         self.batches, self.started = 0, False
+        self.pass_batch_size = None
 
 
 class QueuePosition(Position):

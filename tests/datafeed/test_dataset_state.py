@@ -367,3 +367,24 @@ def test_only_a_full_save_with_positions_is_recorded_for_fleetrun_restarts(
     assert not record.exists()
     fleet.save_persistables(str(tmp_path / "full"), model=model, dataset=ds)
     assert json.loads(record.read_text())["checkpoint"] == str(tmp_path / "full")
+
+
+def test_a_batch_size_changed_mid_pass_counts_the_pass_in_the_size_it_began_with(
+    tmp_path: Path,
+) -> None:
+    # The state recorded the setting (8), the 3 batches were of 4: a resume
+    # skipped 24 records for 12, and trained none of the other 12.
+    pytest.importorskip("torch", reason="batches are torch tensors")
+    files = write_small_files(tmp_path, files=2, per_file=20)  # 40 records
+    ds = _dataset(files)
+    batches = iter(ds)
+    seen = [v for _ in range(3) for v in next(batches)["dense"][:, 0].tolist()]
+    batches.close()
+    ds.update_settings(batch_size=8)
+    saved = ds.state_dict()
+    assert saved["batch_size"] == 4 and saved["batches_consumed"] == 3
+    resumed = _dataset(files)  # batch_size 4, as the pass was
+    resumed.load_state_dict(saved)
+    rest = [v for batch in resumed for v in batch["dense"][:, 0].tolist()]
+    assert len(seen) == 12 and sorted(seen + rest) == sorted(
+        v for batch in _dataset(files) for v in batch["dense"][:, 0].tolist())
