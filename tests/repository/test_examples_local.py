@@ -195,10 +195,11 @@ def test_online_training_trains_each_arriving_slice_once_and_lists_each_save_onc
                     for k in range(2) for i in range(300)]
         assert sorted(dumped) == sorted(expected), number
     donefile = (out / "donefile.txt").read_text().splitlines()
-    assert [line.split("\t")[3] for line in donefile] == ["1", "2", "-1"]
+    # The untrained model (listed as the day before's end), the passes, the day's end.
+    assert [line.split("\t")[3] for line in donefile] == ["-1", "1", "2", "-1"]
     assert len((out / "xbox_patch_done.txt").read_text().splitlines()) == 2
-    base_line = (out / "xbox_base_done.txt").read_text()
-    assert len(base_line.splitlines()) == 1
+    start_line, base_line = (out / "xbox_base_done.txt").read_text().splitlines()
+    assert json.loads(start_line)["input"].endswith("/20261126/base/000")
     # Each listed delta holds the rows its pass changed (a full save before it
     # would leave it empty).
     for number in (1, 2):
@@ -211,7 +212,7 @@ def test_online_training_trains_each_arriving_slice_once_and_lists_each_save_onc
         assert len(rows) == 2 and min(rows) > 100, tables
     # A job that died after listing the base in donefile.txt, before the serving
     # side's line: the restart adds that line, and trains and lists nothing twice.
-    (out / "xbox_base_done.txt").unlink()
+    (out / "xbox_base_done.txt").write_text(start_line + "\n")
     again = subprocess.run(job, cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=120, check=False)
     log = (tmp_path / "log" / "workerlog.0").read_text()
@@ -219,6 +220,6 @@ def test_online_training_trains_each_arriving_slice_once_and_lists_each_save_onc
     assert "resuming after day 20261127 pass -1" in log and "cluster AUC" not in log
     assert (out / "donefile.txt").read_text().splitlines() == donefile
     assert len((out / "xbox_patch_done.txt").read_text().splitlines()) == 2
-    repaired = json.loads((out / "xbox_base_done.txt").read_text())
+    repaired = json.loads((out / "xbox_base_done.txt").read_text().splitlines()[-1])
     assert repaired["key"] == json.loads(base_line)["key"]
     assert repaired["input"].endswith("/20261127/base/000")
