@@ -542,6 +542,7 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
             # The batches consumed are the pass's, of the size it began with.
             batch_size=self._position.pass_batch_size or self.batch_size,
             drop_last=bool(self._settings["drop_last"]), seed=self._settings["seed"],
+            cached_shuffles=self._cached_shuffles,
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -561,12 +562,15 @@ class InMemoryDataset(DatasetBase, PaddleInMemoryDataset):
         """
         state.check_inmemory_state(state_dict)
         store = self._require_store("load_state_dict")
-        if self._cached_shuffles:
+        taken_on = state_dict.get("cached_shuffles", 0)
+        if taken_on != self._cached_shuffles:
+            # The state's shuffles replay on the order it was taken from.
             raise StateError(
                 f"load_state_dict: the records in memory come from a cache saved after "
-                f"{self._cached_shuffles} shuffle(s), and the state's shuffles replay on "
-                "records as loaded; save the cache before any shuffle (init(..., cache=path) "
-                "does), or load the files"
+                f"{self._cached_shuffles} shuffle(s), the state was taken on records "
+                f"{'as loaded' if not taken_on else f'of a cache saved after {taken_on}'}; "
+                "save the cache before any shuffle (init(..., cache=path) does), or load "
+                "the records as the state's job did"
             )
         state.check_inmemory_fit(
             state_dict, records=store.rows, shuffles_done=len(self._shuffles.entries),

@@ -95,12 +95,15 @@ def inmemory_state(
     batch_size: int,
     drop_last: bool,
     seed: int | None,
+    cached_shuffles: int = 0,
 ) -> dict[str, Any]:
     """``InMemoryDataset.state_dict()``: plain ints, strings, bools and lists.
 
     Args:
         records: the records in memory now.
         seed: the ``seed`` setting.
+        cached_shuffles: the shuffles the records had when the cache they
+            were loaded from was saved (0: loaded from files).
     """
     return {
         "version": VERSION,
@@ -118,6 +121,7 @@ def inmemory_state(
         # is checked against it before anything is replayed.
         "records_in_memory": records,
         "shuffles": [list(entry) for entry in history.entries],
+        "cached_shuffles": cached_shuffles,
     }
 
 
@@ -144,8 +148,9 @@ def check_inmemory_state(state: Any) -> None:
             raise StateError(
                 f"{_WHERE}: {key!r}: expected None or an int >= 0, found {_shown(value)}"
             )
-    if "records_in_memory" in state:  # absent from the states of earlier versions
-        _check_int(state, "records_in_memory", 0, _WHERE)
+    for key in ("records_in_memory", "cached_shuffles"):  # absent from earlier versions' states
+        if key in state:
+            _check_int(state, key, 0, _WHERE)
     shuffles = state["shuffles"]
     if not isinstance(shuffles, list):
         raise StateError(

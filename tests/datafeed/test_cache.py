@@ -610,6 +610,15 @@ def test_a_resume_from_a_cache_saved_after_a_shuffle_is_refused(tmp_path, files)
             again.load_cache(tmp_path / "again.arrow")
             with pytest.raises(StateError, match=r"saved after 1 shuffle"):
                 again.load_state_dict(saved_state)
+            # A state taken on records of that cache resumes on them.
+            first, second = dataset(files), dataset(files)
+            first.load_cache(path)
+            cached_batches = iter(first)
+            next(cached_batches)
+            taken = first.state_dict()
+            second.load_cache(path)
+            second.load_state_dict(taken)
+            assert records(second) == records(cached_batches)
             continue
         resumed.load_state_dict(saved_state)
         assert records(resumed) == records(rest) and len(rest) + len(seen) == 6

@@ -512,6 +512,19 @@ def test_slices_no_pass_reads_are_named(args, missed, caplog, tmp_path: Path) ->
 def test_passes_that_read_every_slice_say_nothing(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="trainer.loop.online"):
         online_pass_interval("1", "{0..23}", 5, 12, False, strict=True)
-        online_pass_interval("1", "{8..11}", 30, 1, True, strict=True)  # hour folders twice
+        online_pass_interval("1", "{8..11}", 30, 2, True, strict=True)  # a folder a pass
         online_pass_interval("1", "{8..9}", 30, 2, False, strict=True)
     assert caplog.text == ""
+
+
+def test_an_hourly_folder_that_two_passes_read_is_named(caplog, tmp_path: Path) -> None:
+    from trainer.loop.online_loop import OnlineLoop
+
+    # Half-hour splits of hourly folders, a split a pass: each folder in two passes.
+    with caplog.at_level(logging.WARNING, logger="trainer.loop.online"):
+        assert online_pass_interval("1", "{8..9}", 30, 1, True) == [
+            ["08"], ["08"], ["09"], ["09"]]
+    assert "more than one pass reads the hourly folders 08, 09" in caplog.text
+    with pytest.raises(ValueError, match="trained more than once"):
+        OnlineLoop(RecordingFleet(), str(tmp_path), str(tmp_path / "out"), "20261127",
+                   make_dataset=list, hours="{8..9}", split_interval=30, split_per_pass=1)

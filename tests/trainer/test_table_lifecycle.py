@@ -307,6 +307,25 @@ def test_ticks_renumbered_before_they_wrap_keep_each_rows_pass_and_order():
     assert renumbered[1][8] == 302.0
 
 
+def test_passes_a_load_starts_near_the_tick_limit_keep_the_rows_passes():
+    # A load that starts 300 passes the clock never saw, 2 ticks below the
+    # limit: the rows' ticks wrapped, and a row seen now read as 263 passes old.
+    from trainer.ps.tables import rowstats
+
+    count = 300
+    ids = np.arange(10_001, 10_001 + count, dtype=np.uint64)
+    saved = {"ids": ids, "optimizer": "sgd", "weights": np.zeros((count, 2), np.float32),
+             "show": np.ones(count, np.float32), "click": np.zeros(count, np.float32),
+             "last_seen_pass": np.arange(1, count + 1, dtype=np.int64), "pass": count}
+    table = SparseTable("ticks", 2, SGD)
+    table.set_pass(count + 5)
+    table._stats.clock.tick = rowstats._TICK_LIMIT - 2  # days of pulls later
+    table.pull(np.array([1], dtype=np.int64))  # seen in the current pass
+    table.load_state_dict(saved)
+    probe = np.array([1, 10_001, 10_300], dtype=np.int64)
+    assert table.statistics(probe)["unseen_passes"].tolist() == [0, count + 4, 5]
+
+
 class BudgetModel(nn.Module):
     def __init__(self, budget: int) -> None:
         super().__init__()

@@ -41,7 +41,7 @@ import logging
 import posixpath
 import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -126,18 +126,24 @@ def online_pass_interval(
         hour, rest = divmod(minute, 60)
         splits.append(f"{hour:02}" if is_data_hourly_placed else f"{hour:02}{rest:02}")
     passes = [splits[i : i + per_pass] for i in range(0, len(splits) - per_pass + 1, per_pass)]
+    problems = []
     missed = _left_out(passes, hour_list, interval, is_data_hourly_placed)
-    if missed is not None:
-        # Paddle leaves them out without a word: their records never train.
-        message = (
-            f"hours={hours!r}, split_interval={split_interval}, split_per_pass="
-            f"{split_per_pass}: no pass of the day reads {missed}, so their records "
-            "are never trained"
-        )
+    if missed is not None:  # Paddle leaves them out without a word
+        problems.append(f"no pass of the day reads {missed}, so their records are never trained")
+    # Hourly folders in splits under an hour: a pass reads a folder once,
+    # but two passes naming it train its records twice.
+    passes_of = Counter(split for one_pass in passes for split in dict.fromkeys(one_pass))
+    twice = [split for split, count in passes_of.items() if count > 1]
+    if is_data_hourly_placed and twice:
+        problems.append(f"more than one pass reads the hourly folders {_listed(twice)}, so "
+                        "their records are trained more than once")
+    if problems:
+        message = (f"hours={hours!r}, split_interval={split_interval}, split_per_pass="
+                   f"{split_per_pass}: {'; '.join(problems)}")
         if strict:
             raise ValueError(
                 f"{message}; choose a split_interval and split_per_pass that divide "
-                "the hours into whole passes"
+                "the hours into whole passes, each folder in one"
             )
         log.warning("%s (as in Paddle)", message)
     return passes

@@ -160,6 +160,12 @@ class RowStats:
         self.clock.tick += 1
         return self.clock.tick
 
+    def reserve_ticks(self, count: int, rows: int) -> None:
+        """Renumbers the ticks (``_renumber_ticks``) unless ``count`` more fit
+        below the limit (passes a load is about to start)."""
+        if self.clock.tick + count >= _TICK_LIMIT:
+            self._renumber_ticks(rows)
+
     def _renumber_ticks(self, rows: int) -> None:
         """Numbers the ticks in use (the rows', the pending ids', the clock's)
         0, 1, 2, ... in their order, before they would wrap: every comparison

@@ -96,6 +96,7 @@ def ticks_of_passes(
     if saved_pass is not None:
         wanted.add(int(saved_pass))
     earlier = [n for n in sorted(wanted) if n < clock.current_pass and not clock.known(n)]
+    stats.reserve_ticks(len(earlier) + sum(n > clock.current_pass for n in wanted), rows)
     if earlier:
         stats.start_earlier_passes(earlier, rows)
     for number in sorted(wanted):
