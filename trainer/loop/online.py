@@ -103,11 +103,12 @@ def online_pass_interval(
     ``split_interval`` minutes, over ``hours`` (``"{0..23}"``); ``"HH"`` when
     the data is placed hourly, else ``"HHMM"``. Splits that do not fill a last
     pass are left out, as in Paddle, with a warning (``strict``: an error),
-    as are the minutes of ``hours`` past the last whole split.
+    as are the minutes of ``hours`` past the last whole split; so are hourly
+    folders that two passes read (splits under an hour).
 
     Raises:
         ValueError: a malformed ``days`` or ``hours``, intervals below 1, or
-            (``strict``) a slice of ``hours`` that no pass reads.
+            (``strict``) a slice of ``hours`` that no pass reads or two read.
     """
     _expand("days", days)  # checked as Paddle does; the passes are the same each day
     hour_list = _expand("hours", hours)

@@ -334,7 +334,7 @@ class PendingIds:
         return out
 
     def ticks(self) -> np.ndarray:
-        """The last-seen tick of every live entry (for a rebase of ticks)."""
+        """The last-seen tick of every live entry (for a renumbering of ticks)."""
         size = self._index.size
         return self._tick[:size][self._count[:size] >= 0]
 
