@@ -399,30 +399,54 @@ class SerialServers(InProcessServers):
     """Answers one call at a time, each after ``service`` seconds: a server
     that is itself the limit, whatever the network."""
 
-    def __init__(self, servers: list, service: float = 0.004) -> None:
+    # The call that stalls (None: none), and for how long: a busy machine.
+    stall_at: int | None = None
+    stall = 0.200
+
+    def __init__(self, servers: list, service: float = 0.020) -> None:
         super().__init__(servers)
         self.service = service
         self.pool = ThreadPoolExecutor(1)
+        self.served = 0
 
     def call_async(self, index: int, func, *args, timeout=None) -> Future:
+        self.served += 1
+        stalls = self.served == self.stall_at
+
         def serve():
-            time.sleep(self.service)
+            time.sleep(self.service + (self.stall if stalls else 0.0))
             return InProcessServers.call_async(self, index, func, *args).result()
 
         return self.pool.submit(serve)
 
 
-def test_the_depth_stays_low_when_the_server_is_the_limit(restore_store):
-    model = SumOfRows("ahead_serial")
-    opt, mode, servers, server = job(model, pull_ahead=None, servers_cls=SerialServers)
+class StallingSerialServers(SerialServers):
+    stall_at = 9  # a pull of the first window, before any deepening
+
+
+@pytest.mark.parametrize("servers_cls", [SerialServers, StallingSerialServers])
+def test_the_depth_stays_low_when_the_server_is_the_limit(restore_store, servers_cls):
+    def slow_step(number, batch):
+        time.sleep(0.002)
+        return batch["a"]
+
+    # Each step costs the server 40 ms whatever is in flight, and the model
+    # about 2.6 ms: were the round trip the limit, a deepening to 16 would
+    # cut the ~38 ms waits to nothing, and half that counts as a gain. A
+    # busy machine's wake-ups, which a deeper pipeline does hide, moved the
+    # median wait by -5 to +9 ms (ten runs beside three busy loops on this
+    # 2-core machine; beside a 4 ms server they made some runs stay deep).
+    model = SumOfRows("ahead_serial", use=slow_step)
+    opt, mode, servers, server = job(model, pull_ahead=None, servers_cls=servers_cls)
     batches = make_batches() * 4
     try:
         summary = Executor().train_from_dataset(model, batches, opt, thread=1)
         mode.settle()
     finally:
         servers.pool.shutdown(wait=True)
-    # Deeper did not cut the waits (each step costs the server 8 ms whatever
-    # is in flight): the depth went back where it was.
+    # Deeper did not cut the waits: the depth went back where it was, also
+    # when one stall of the first window made its mean wait 29 ms longer
+    # (200 ms over 7 waits) than the waits at the deeper depth.
     assert summary.pulls_ahead["depth"] <= 2
     total = np.sum([counts(b) for b in batches], axis=0)
     rows = server_rows(server, "ahead_serial")

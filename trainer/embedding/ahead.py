@@ -185,7 +185,7 @@ class PullAhead:
         self._last_waited = _network_waits()
         self._batches = 0
         self._windows = 0
-        self._probe: tuple[int, float, int] | None = None  # depth before, its waits, windows
+        self._probe: tuple[int, float, int] | None = None  # depth before, its median wait, windows
         self._ceiling = (MAX_DEPTH, 0)  # (depth, until window)
 
     # -- the loop's side --------------------------------------------------------------
@@ -311,6 +311,7 @@ class PullAhead:
             return
         step = statistics.median(own)
         wait = statistics.fmean(waits)
+        typical_wait = statistics.median(waits)
         waiting = wait > _WAIT_SHARE * step + _WAIT_FLOOR
         ceiling, until = self._ceiling
         if self._windows >= until:
@@ -324,15 +325,19 @@ class PullAhead:
             # Were the round trip the limit, each batch deeper would have cut
             # a step's own time off the waits. Less than half that: the
             # servers are the limit, and what is in flight only queues there.
+            # Medians: one stall (a busy machine) in either window must not
+            # read as a gain.
             expected = min(waits_before, (self.depth - before) * step)
-            if waits_before - wait < _GAIN_SHARE * expected:
+            if waits_before - typical_wait < _GAIN_SHARE * expected:
                 self._ceiling = (before, self._windows + _CEILING_WINDOWS)
                 self._set_depth(before)
                 return
         if waiting and self.depth < ceiling:
             deeper = min(ceiling, self.depth + max(1, math.ceil(wait / max(step, 1e-6))))
             # Judged once the batches sent at the old depth are trained.
-            self._probe = (self.depth, wait, math.ceil((deeper - self.depth) / _WINDOW) + 1)
+            self._probe = (
+                self.depth, typical_wait, math.ceil((deeper - self.depth) / _WINDOW) + 1
+            )
             self._set_depth(deeper)
         elif not waiting and early and min(early) > step and self.depth > 1:
             self._set_depth(self.depth - 1)
