@@ -121,48 +121,42 @@ def test_row_gather_refuses_rows_it_does_not_hold() -> None:
     del ahead  # a gather under way: waited for, and the threads ended
 
 
-def native_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+def native_threads() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
 
 
-def native_threads_down_to(count: int) -> int:
-    """The threads of this process, once at most ``count`` (an ended native
-    thread leaves /proc a moment after it signalled its end), or after 5 s."""
+def gone(threads: set[str]) -> bool:
+    """Whether every one of ``threads`` has left this process (an ended native
+    thread leaves /proc a moment after it signalled its end; waits up to 5 s).
+    Threads are named, not counted: one an earlier test started may come or
+    go meanwhile."""
     deadline = time.monotonic() + 5
-    while native_threads() > count and time.monotonic() < deadline:
+    while threads & native_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return native_threads()
-
-
-def settled_native_threads() -> int:
-    """The threads of this process once two counts 50 ms apart agree: a thread
-    an earlier test ended may still be leaving /proc (CI once counted one)."""
-    deadline = time.monotonic() + 5
-    count = native_threads()
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        count, previous = native_threads(), count
-        if count == previous:
-            break
-    return count
+    return not threads & native_threads()
 
 
 def test_gathered_ranges_end_their_threads_however_the_pass_ends() -> None:
     store = two_chunk_store().reordered(np.arange(10)[::-1])
-    before, running = settled_native_threads(), gather_threads_running()
+    before, running = native_threads(), gather_threads_running()
     ranges = gathered_ranges(PermutedRows(store), 2, 3, gatherers=2)
     first = next(ranges)
-    assert gather_threads_running() == running + 2 and native_threads() >= before + 2
+    started = native_threads() - before
+    assert gather_threads_running() == running + 2 and len(started) >= 2
     # rows 9, 8, ... skipping 2: rows 7, 6, 5, the second chunk's records 2, 1, 0
     assert first.chunk.rows == 3 and rows_of(first.chunk.columns[2]) == [[-13], [-12], [-11]]
     ranges.close()  # the consumer stopped early
-    assert gather_threads_running() == running and native_threads_down_to(before) <= before
-    pieces = list(gathered_ranges(PermutedRows(store), 2, 3, gatherers=2))
+    assert gather_threads_running() == running and gone(started)
+    before = native_threads()
+    remaining = gathered_ranges(PermutedRows(store), 2, 3, gatherers=2)
+    pieces = [next(remaining)]
+    started = native_threads() - before
+    pieces += list(remaining)  # the pass ran to its end
     assert [p.stop for p in pieces] == [3, 3, 2]
     # the two gatherers took the windows in turn, and they come back in order
     signed = [v for p in pieces for v in rows_of(p.chunk.columns[2])]
     assert signed == [[-13], [-12], [-11], [-5], [-4], [-3], [-2], [-1]]
-    assert gather_threads_running() == running and native_threads_down_to(before) <= before
+    assert len(started) >= 2 and gather_threads_running() == running and gone(started)
 
 
 def test_gather_refuses_columns_it_does_not_hold_and_a_missing_source() -> None:

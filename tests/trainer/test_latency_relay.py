@@ -78,12 +78,16 @@ def round_trip(endpoint: str, payload: bytes) -> tuple[float, bytes]:
         return time.monotonic() - started, got
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.005, 0.02])
+@pytest.mark.parametrize("delay", [0.0, 0.1])
 def test_a_round_trip_through_the_relay_costs_twice_its_delay(echo, delay: float) -> None:
     with LatencyRelay([echo.endpoint], delay=delay) as relay:
         times = [round_trip(relay.endpoints[0], b"ping")[0] for _ in range(5)]
         assert relay.connections == 5
-    assert 2 * delay <= min(times) and sorted(times)[2] <= 2 * delay + 0.02, times
+    # At least twice the delay, whatever the load. The slack above it is wide:
+    # a round trip is four thread hand-offs, and beside three busy loops on
+    # this 2-core machine their median reached 34 ms over 2d (a 20 ms slack
+    # failed 2 runs in 3). A delay applied twice (4d = 0.4 s) still fails.
+    assert 2 * delay <= min(times) and sorted(times)[2] <= 2 * delay + 0.1, times
 
 
 def test_every_byte_arrives_in_order_and_a_cap_paces_them(echo) -> None:

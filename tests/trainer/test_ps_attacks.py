@@ -315,13 +315,13 @@ def test_the_job_key_comes_from_the_environment_or_a_file(tmp_path):
 def test_a_worker_with_another_jobs_key_gets_no_answer_and_is_told_why(keyed_endpoint):
     _, _, endpoint = keyed_endpoint
     other = transport.ServerSet(
-        [endpoint], transport.CurveKeys.from_job_key("another-jobs-key-0123456789"), timeout=1.5
+        [endpoint], transport.CurveKeys.from_job_key("another-jobs-key-0123456789"), timeout=5
     )
     try:
         started = time.monotonic()
         with pytest.raises(transport.ServerUnavailableError, match="did not answer") as info:
             other.call(0, HANDLERS["describe"])
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 10
         # Its connection closed during the handshake, and the error says what that means.
         assert transport.NO_HANDSHAKE in str(info.value)
         assert "FLEETFEED_JOB_KEY" in str(info.value)
