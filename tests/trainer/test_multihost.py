@@ -51,7 +51,9 @@ if fleet.is_worker():
 
     from trainer.collective import process_group
 
-    time.sleep(1.0)  # the group's sockets stay up for the test's sampler (every 0.2 s)
+    # The group's sockets stay up for the test's sampler (every 0.2 s): 3 s, so
+    # that a busy machine that starves the sampler for a second still sees them.
+    time.sleep(3.0)
     process_group.destroy()  # leave the workers' group before exit, as a script should
 """
 
